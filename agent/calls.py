@@ -1,0 +1,141 @@
+"""Validate parsed calls against the tool schemas; serialise results for the model.
+
+The validator reads the same :class:`tools.base.ToolSpec` objects that
+``agent.prompt`` turns into tool descriptions, so what the model is told and
+what is accepted cannot drift apart. Every failure becomes a
+:class:`CallRejected` whose message names what was wrong and shows the
+expected form; nothing here raises on model input.
+
+Results are serialised with lxml, which escapes or wraps in CDATA whatever
+the tool printed; characters XML cannot carry (NUL, most C0 controls,
+lone surrogates) are replaced by ``\\uFFFD`` rather than dropped silently.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from lxml import etree
+
+from agent.parser import MalformedCall, ParsedCall, encode_call
+from tools.base import ParamSpec, ParamType, ToolResult, ToolSpec
+
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+_INT = re.compile(r"[+-]?\d{1,18}")
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A valid call, arguments typed per the schema (absent optionals omitted)."""
+
+    index: int
+    call_id: str
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CallRejected:
+    """A call that will not run; ``message`` goes back to the model."""
+
+    index: int
+    call_id: str
+    name: str | None
+    message: str
+
+
+def example_call(spec: ToolSpec) -> str:
+    """The expected form of a call to ``spec``, with placeholder values."""
+    return encode_call(spec.name, [(p.name, f"<{p.type.value}>") for p in spec.params])
+
+
+def _coerce(param: ParamSpec, raw: str) -> tuple[Any, str | None]:
+    if param.type is ParamType.TEXT:
+        return raw, None
+    value = raw.strip()
+    if param.type is ParamType.STRING:
+        return value, None
+    if param.type is ParamType.INTEGER:
+        if _INT.fullmatch(value):
+            return int(value), None
+        return None, f"parameter {param.name!r} must be an integer, got {value[:40]!r}"
+    if param.type is ParamType.BOOLEAN:
+        if value.lower() in _TRUE:
+            return True, None
+        if value.lower() in _FALSE:
+            return False, None
+        return None, f"parameter {param.name!r} must be true or false, got {value[:40]!r}"
+    raise AssertionError(param.type)  # pragma: no cover
+
+
+def validate_call(
+    parsed: ParsedCall | MalformedCall, specs: Mapping[str, ToolSpec], call_id: str
+) -> ToolCall | CallRejected:
+    """Check one parsed call against the schemas."""
+    if isinstance(parsed, MalformedCall):
+        return CallRejected(parsed.index, call_id, parsed.name, f"malformed tool call: {parsed.message}")
+    spec = specs.get(parsed.name)
+    if spec is None:
+        known = ", ".join(sorted(specs)) or "(none)"
+        return CallRejected(
+            parsed.index, call_id, parsed.name,
+            f"unknown tool {parsed.name[:80]!r}; available tools: {known}",
+        )
+    problems: list[str] = []
+    args: dict[str, Any] = {}
+    seen: set[str] = set()
+    for name, raw in parsed.params:
+        param = spec.param(name)
+        if param is None:
+            allowed = ", ".join(p.name for p in spec.params) or "(none)"
+            problems.append(f"unknown parameter {name[:80]!r} (allowed: {allowed})")
+            continue
+        if name in seen:
+            problems.append(f"parameter {name!r} given more than once")
+            continue
+        seen.add(name)
+        value, error = _coerce(param, raw)
+        if error:
+            problems.append(error)
+        else:
+            args[name] = value
+    missing = [p.name for p in spec.params if p.required and p.name not in seen]
+    if missing:
+        problems.append("missing required parameter(s): " + ", ".join(missing))
+    if problems:
+        message = (
+            f"invalid call to {spec.name}: " + "; ".join(problems)
+            + f"\nexpected form:\n{example_call(spec)}"
+        )
+        return CallRejected(parsed.index, call_id, parsed.name, message)
+    return ToolCall(parsed.index, call_id, spec.name, args)
+
+
+def xml_safe(text: str) -> str:
+    """Replace characters that XML 1.0 cannot carry with U+FFFD."""
+    return _XML_INVALID.sub("\ufffd", text)
+
+
+def result_element(name: str | None, index: int, result: ToolResult) -> etree._Element:
+    element = etree.Element("tool_result")
+    element.set("name", xml_safe(name or "unknown"))
+    element.set("index", str(index))
+    element.set("status", "ok" if result.ok else "error")
+    text = xml_safe(result.output)
+    if text and "]]>" not in text and any(c in text for c in "<&"):
+        element.text = etree.CDATA("\n" + text + "\n")
+    else:
+        element.text = "\n" + text + "\n" if text else ""
+    return element
+
+
+def render_results(results: list[tuple[str | None, int, ToolResult]]) -> str:
+    """Serialise a step's results, in call order, as the model will read them."""
+    return "\n".join(
+        etree.tostring(result_element(name, index, r), encoding="unicode") for name, index, r in results
+    )

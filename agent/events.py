@@ -1,0 +1,185 @@
+"""The one typed event stream (see ``docs/protocol.md``).
+
+Every step of a session is an event: the server persists and streams them,
+RL records them as trajectories, replay reads them back. Events are pydantic
+models forming one union discriminated by ``type``; ``seq`` is per session,
+starts at 1 and increases by one per event.
+
+Clients must ignore event types they do not know. Field additions are
+backwards compatible; renames and removals are not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq: int = 0
+    session_id: str = ""
+    ts: float = Field(default_factory=time.time)
+    turn: int = 0
+
+
+class UserMessage(_Event):
+    type: Literal["user_message"] = "user_message"
+    text: str
+
+
+class TurnStarted(_Event):
+    type: Literal["turn_started"] = "turn_started"
+
+
+class AssistantDelta(_Event):
+    """Assistant text outside tool calls, as it streams."""
+
+    type: Literal["assistant_delta"] = "assistant_delta"
+    step: int
+    text: str
+
+
+class ToolCallDelta(_Event):
+    """Part of a parameter of a call that is still streaming (for live previews)."""
+
+    type: Literal["tool_call_delta"] = "tool_call_delta"
+    step: int
+    index: int
+    name: str
+    param: str
+    text: str
+
+
+class ToolCallStarted(_Event):
+    """A complete call was parsed and dispatched (valid or not)."""
+
+    type: Literal["tool_call_started"] = "tool_call_started"
+    step: int
+    index: int
+    call_id: str
+    name: str | None
+    args: dict[str, Any]
+    valid: bool = True
+
+
+class ToolResultEvent(_Event):
+    type: Literal["tool_result"] = "tool_result"
+    step: int
+    index: int
+    call_id: str
+    name: str | None
+    ok: bool
+    output: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    duration_ms: float = 0.0
+
+
+class FileEditEvent(_Event):
+    type: Literal["file_edit"] = "file_edit"
+    call_id: str
+    path: str
+    diff: str
+    created: bool = False
+    deleted: bool = False
+
+
+class AssistantMessage(_Event):
+    """The complete raw model output of one step (what replay feeds back).
+
+    ``token_ids``/``logprobs`` are filled by local policies (token-in/token-out
+    for RL) and empty for remote ones.
+    """
+
+    type: Literal["assistant_message"] = "assistant_message"
+    step: int
+    text: str
+    token_ids: list[int] = Field(default_factory=list)
+    logprobs: list[float] = Field(default_factory=list)
+    output_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class TurnEnd(_Event):
+    type: Literal["turn_end"] = "turn_end"
+    reason: Literal["completed", "max_steps", "max_tokens", "timeout", "interrupted", "error"]
+    steps: int
+    output_tokens: int
+    detail: str = ""
+
+
+class ErrorEvent(_Event):
+    type: Literal["error"] = "error"
+    message: str
+    source: Literal["policy", "tool", "session"] = "session"
+
+
+Event = Annotated[
+    UserMessage
+    | TurnStarted
+    | AssistantDelta
+    | ToolCallDelta
+    | ToolCallStarted
+    | ToolResultEvent
+    | FileEditEvent
+    | AssistantMessage
+    | TurnEnd
+    | ErrorEvent,
+    Field(discriminator="type"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+def event_from_json(data: str | bytes) -> Event:
+    return EVENT_ADAPTER.validate_json(data)
+
+
+def event_to_json(event: Event) -> str:
+    return event.model_dump_json()
+
+
+@runtime_checkable
+class EventSink(Protocol):
+    """Receives every event in ``seq`` order. ``emit`` returning means "accepted":
+    a persisting sink returns only once the event is durable."""
+
+    async def emit(self, event: Event) -> None: ...
+
+
+class ListSink:
+    """Collects events in memory (tests, RL trajectories)."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    async def emit(self, event: Event) -> None:
+        self.events.append(event)
+
+    def of_type(self, cls: type[_Event]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, cls)]
+
+
+class CallbackSink:
+    """Calls a plain function per event (the terminal transcript, JSON lines)."""
+
+    def __init__(self, fn: Callable[[Event], None]) -> None:
+        self._fn = fn
+
+    async def emit(self, event: Event) -> None:
+        self._fn(event)
+
+
+class FanoutSink:
+    """Sends each event to several sinks in order (persist first, then notify)."""
+
+    def __init__(self, *sinks: EventSink) -> None:
+        self.sinks = list(sinks)
+
+    async def emit(self, event: Event) -> None:
+        for sink in self.sinks:
+            await sink.emit(event)

@@ -1,0 +1,139 @@
+"""Run a step's tool calls concurrently, in a safe order, results in call order.
+
+Every call starts the moment it is submitted (the parser submits each call as
+its closing tag arrives). A call waits only for earlier calls it conflicts
+with — one writes what the other reads or writes, per
+:meth:`tools.base.Resources.conflicts_with` — so two reads of one file run in
+parallel while an edit and a later read of that file run in call order, and a
+shell command (which may touch anything) runs alone. Results are returned in
+call order whatever order they finish in.
+
+Cancellation (a user interrupt) cancels every running tool; tools are written
+so that cancellation leaves no half-written file (atomic writes) and no
+process behind (the sandbox kills its process tree).
+
+Not guaranteed: ordering between calls that alias one file through symlinks,
+or between different executors on one workspace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from agent.calls import CallRejected, ToolCall
+from tools.base import Resources, Tool, ToolContext, ToolError, ToolResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class CallOutcome:
+    call: ToolCall | CallRejected
+    result: ToolResult
+    submitted_at: float  # time.perf_counter() when submitted
+    started_at: float  # when the tool itself began (after waiting for conflicts)
+    finished_at: float
+
+    @property
+    def duration_ms(self) -> float:
+        return (self.finished_at - self.started_at) * 1000.0
+
+    @property
+    def name(self) -> str | None:
+        return self.call.name
+
+
+OnResult = Callable[[CallOutcome], Awaitable[None]]
+
+
+class Executor:
+    """One executor per model step. Not thread-safe; use from one event loop."""
+
+    def __init__(self, tools: Mapping[str, Tool], ctx: ToolContext, *, on_result: OnResult | None = None):
+        self._tools = tools
+        self._ctx = ctx
+        self._on_result = on_result
+        self._pending: list[tuple[Resources, asyncio.Task[CallOutcome]]] = []
+        self._tasks: dict[int, asyncio.Task[CallOutcome]] = {}
+        self._calls: dict[int, ToolCall | CallRejected] = {}
+
+    def submit(self, call: ToolCall | CallRejected) -> asyncio.Task[CallOutcome]:
+        """Start ``call`` now (after any conflicting earlier call). Never raises."""
+        submitted = time.perf_counter()
+        if isinstance(call, CallRejected):
+            deps: list[asyncio.Task[CallOutcome]] = []
+            resources = Resources()
+        else:
+            tool = self._tools[call.name]
+            try:
+                resources = tool.resources(call.args)
+            except ToolError:
+                resources = Resources()  # the tool will report the bad argument itself
+            deps = [t for r, t in self._pending if r.conflicts_with(resources)]
+        task = asyncio.create_task(self._run(call, deps, submitted), name=f"tool:{call.call_id}")
+        self._pending.append((resources, task))
+        self._tasks[call.index] = task
+        self._calls[call.index] = call
+        return task
+
+    async def _run(
+        self, call: ToolCall | CallRejected, deps: list[asyncio.Task[CallOutcome]], submitted: float
+    ) -> CallOutcome:
+        if deps:
+            await asyncio.wait(deps)
+        started = time.perf_counter()
+        if isinstance(call, CallRejected):
+            result = ToolResult.error(call.message)
+        else:
+            result = await self._invoke(call)
+        outcome = CallOutcome(call, result, submitted, started, time.perf_counter())
+        if self._on_result is not None:
+            await self._on_result(outcome)
+        return outcome
+
+    async def _invoke(self, call: ToolCall) -> ToolResult:
+        tool = self._tools[call.name]
+        try:
+            return await tool.run(call.args, self._ctx)
+        except ToolError as exc:
+            return ToolResult.error(str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug in a tool must not kill the session
+            log.exception("tool %s failed", call.name)
+            return ToolResult.error(f"internal error in {call.name}: {type(exc).__name__}: {exc}")
+
+    async def results(self) -> list[CallOutcome]:
+        """Wait for every submitted call; outcomes sorted by call index."""
+        if not self._tasks:
+            return []
+        await asyncio.wait(list(self._tasks.values()))
+        return [self._tasks[i].result() for i in sorted(self._tasks)]
+
+    async def cancel(self) -> None:
+        """Cancel all running calls and wait until they have cleaned up."""
+        tasks = [t for t in self._tasks.values() if not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+
+    def settled(self, cancelled_message: str) -> list[tuple[str | None, int, ToolResult]]:
+        """After :meth:`cancel`: every call's result in call order, with
+        ``cancelled_message`` for calls that did not finish."""
+        out: list[tuple[str | None, int, ToolResult]] = []
+        for index in sorted(self._tasks):
+            task = self._tasks[index]
+            if task.done() and not task.cancelled() and task.exception() is None:
+                o = task.result()
+                out.append((o.name, index, o.result))
+            else:
+                out.append((self._calls[index].name, index, ToolResult.error(cancelled_message)))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._tasks)

@@ -1,0 +1,109 @@
+"""A policy that streams from any OpenAI-compatible ``/v1/chat/completions``.
+
+Works with vLLM, llama.cpp's server, Ollama and Flywheel's own
+``flywheel policy serve``. Timeouts are on by default (5 s to connect, 120 s
+between streamed chunks). Not guaranteed: token ids and logprobs (remote
+servers return text only), exact token counts unless the server reports usage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+
+from agent.policy import PolicyChunk, PolicyError
+from agent.prompt import RenderedPrompt
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIConfig:
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "default"
+    api_key: str | None = None
+    temperature: float = 0.0
+    max_tokens: int = 4096
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 120.0
+    extra_body: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> OpenAIConfig:
+        """Read ``FLYWHEEL_OPENAI_BASE_URL``/``_MODEL``/``_API_KEY``; explicit values win."""
+        env = {
+            "base_url": os.environ.get("FLYWHEEL_OPENAI_BASE_URL"),
+            "model": os.environ.get("FLYWHEEL_OPENAI_MODEL"),
+            "api_key": os.environ.get("FLYWHEEL_OPENAI_API_KEY"),
+        }
+        values = {k: v for k, v in env.items() if v}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]
+
+
+class OpenAICompatPolicy:
+    name = "openai"
+
+    def __init__(self, config: OpenAIConfig, *, transport: httpx.AsyncBaseTransport | None = None):
+        self.config = config
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
+        self._client = httpx.AsyncClient(
+            base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
+
+    async def stream(self, prompt: RenderedPrompt) -> AsyncIterator[PolicyChunk]:
+        body = {
+            "model": self.config.model,
+            "messages": prompt.messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": self.config.temperature,
+            "max_tokens": self.config.max_tokens,
+            **self.config.extra_body,
+        }
+        url = f"{self.config.base_url.rstrip('/')}/chat/completions"
+        try:
+            async with self._client.stream("POST", "/chat/completions", json=body) as response:
+                if response.status_code >= 400:
+                    detail = (await response.aread()).decode("utf-8", "replace")[:500]
+                    raise PolicyError(f"{url} answered HTTP {response.status_code}: {detail}")
+                async for chunk in _sse_chunks(response, url):
+                    yield chunk
+        except httpx.ConnectError as exc:
+            raise PolicyError(
+                f"cannot reach the OpenAI-compatible server at {url} ({exc}); is it running?"
+            ) from None
+        except httpx.TimeoutException as exc:
+            raise PolicyError(f"the OpenAI-compatible server at {url} timed out ({type(exc).__name__})") from None
+        except httpx.HTTPError as exc:
+            raise PolicyError(f"error talking to {url}: {type(exc).__name__}: {exc}") from None
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+async def _sse_chunks(response: httpx.Response, url: str) -> AsyncIterator[PolicyChunk]:
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        try:
+            data = json.loads(payload)
+        except json.JSONDecodeError:
+            raise PolicyError(f"{url} sent a malformed stream event: {payload[:200]!r}") from None
+        if "error" in data:
+            raise PolicyError(f"{url} reported an error: {json.dumps(data['error'])[:500]}")
+        usage = data.get("usage") or {}
+        tokens = usage.get("completion_tokens")
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text = delta.get("content") or ""
+            if text or choice.get("finish_reason"):
+                yield PolicyChunk(text, finish_reason=choice.get("finish_reason"))
+        if tokens is not None:
+            yield PolicyChunk("", output_tokens=int(tokens))

@@ -1,0 +1,303 @@
+"""The one agent loop. The server, RL rollouts and replay all drive this class.
+
+A turn: render the conversation → the policy streams → the parser turns the
+stream into text and calls → each call is validated and dispatched to the
+executor the moment it is complete → results go back to the model in call
+order → next model call; until the model answers without a tool call or a
+limit (steps, output tokens, wall time) is hit.
+
+Every step is an event on one ordered stream (``agent.events``); ``seq`` is
+assigned here, under a lock, so sinks see events strictly in order. A sink
+that awaits (the server persists before it sends) applies backpressure to
+the loop; that is deliberate.
+
+Not guaranteed: token counts for policies that report neither token ids nor
+usage are estimates (4 characters per token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from agent.calls import CallRejected, ToolCall, render_results, validate_call
+from agent.events import (
+    AssistantDelta,
+    AssistantMessage,
+    ErrorEvent,
+    Event,
+    EventSink,
+    FileEditEvent,
+    ListSink,
+    ToolCallDelta,
+    ToolCallStarted,
+    ToolResultEvent,
+    TurnEnd,
+    TurnStarted,
+    UserMessage,
+)
+from agent.executor import CallOutcome, Executor
+from agent.parser import CallOpened, MalformedCall, ParamDelta, ParsedCall, ParseEvent, StreamParser, TextDelta
+from agent.policy import Policy, PolicyError
+from agent.prompt import DEFAULT_SYSTEM_PROMPT, Message, render_prompt
+from tools.base import Tool, ToolContext
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_steps: int = 30  # model calls per turn
+    max_output_tokens: int = 200_000  # per turn
+    max_wall_s: float = 1800.0  # per turn
+    max_calls_per_step: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class TurnOutcome:
+    reason: str
+    steps: int
+    output_tokens: int
+    final_text: str
+
+
+class _LimitHit(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(detail)
+        self.reason = reason
+
+
+class Session:
+    """A stateful conversation with a workspace. One turn at a time."""
+
+    def __init__(
+        self,
+        *,
+        workspace: Any,
+        policy: Policy,
+        tools: Sequence[Tool],
+        sink: EventSink | None = None,
+        sandbox: Any = None,
+        limits: Limits = Limits(),
+        session_id: str | None = None,
+        base_system: str = DEFAULT_SYSTEM_PROMPT,
+        conversation: Sequence[Message] = (),
+        next_seq: int = 1,
+        turns_done: int = 0,
+    ):
+        self.session_id = session_id or uuid.uuid4().hex
+        self.workspace = workspace
+        self.policy = policy
+        self.tools = {t.spec.name: t for t in tools}
+        self.specs = [t.spec for t in tools]
+        self.sink: EventSink = sink if sink is not None else ListSink()
+        self.ctx = ToolContext(workspace=workspace, sandbox=sandbox)
+        self.limits = limits
+        self.base_system = base_system
+        self.conversation: list[Message] = list(conversation)
+        self._seq = next_seq - 1
+        self._turn = turns_done
+        self._emit_lock = asyncio.Lock()
+        self._task: asyncio.Task[TurnOutcome] | None = None
+        self._interrupted = False
+
+    # -- driving -------------------------------------------------------------
+
+    async def run_turn(self, text: str) -> TurnOutcome:
+        """Run one user turn to its end. Raises only if the sink fails."""
+        if self._task is not None:
+            raise RuntimeError("a turn is already running in this session")
+        self._turn += 1
+        self._interrupted = False
+        self._task = asyncio.create_task(self._run_turn(text), name=f"turn:{self.session_id}:{self._turn}")
+        try:
+            return await self._task
+        except asyncio.CancelledError:
+            self._task.cancel()
+            await asyncio.wait([self._task])
+            raise
+        finally:
+            self._task = None
+
+    def interrupt(self) -> bool:
+        """Stop the running turn: tools are cancelled, the turn ends 'interrupted'."""
+        if self._task is None or self._task.done():
+            return False
+        self._interrupted = True
+        self._task.cancel()
+        return True
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    # -- events --------------------------------------------------------------
+
+    async def emit(self, event: Event) -> None:
+        async with self._emit_lock:
+            self._seq += 1
+            stamped = event.model_copy(update={"seq": self._seq, "session_id": self.session_id, "turn": self._turn})
+            await self.sink.emit(stamped)
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+    # -- the loop ------------------------------------------------------------
+
+    async def _run_turn(self, text: str) -> TurnOutcome:
+        self.conversation.append(Message("user", text))
+        await self.emit(UserMessage(text=text))
+        await self.emit(TurnStarted())
+        self._steps = 0
+        self._tokens = 0
+        self._final = ""
+        self._executor: Executor | None = None
+        reason, detail = "completed", ""
+        try:
+            async with asyncio.timeout(self.limits.max_wall_s):
+                while True:
+                    if self._steps >= self.limits.max_steps:
+                        raise _LimitHit("max_steps", f"stopped after {self._steps} model calls")
+                    self._steps += 1
+                    if not await self._step(self._steps):
+                        break
+        except _LimitHit as hit:
+            reason, detail = hit.reason, str(hit)
+        except TimeoutError:
+            reason, detail = "timeout", f"the turn ran longer than {self.limits.max_wall_s:g} s"
+            await self._abort_tools("the turn hit its time limit")
+        except PolicyError as exc:
+            reason, detail = "error", str(exc)
+            await self._abort_tools("the model failed")
+            await self.emit(ErrorEvent(message=str(exc), source="policy"))
+        except asyncio.CancelledError:
+            if not self._interrupted:
+                raise
+            reason, detail = "interrupted", "interrupted by the user"
+            await self._abort_tools("the user interrupted the turn")
+        await self.emit(TurnEnd(reason=reason, steps=self._steps, output_tokens=self._tokens, detail=detail))  # type: ignore[arg-type]
+        return TurnOutcome(reason, self._steps, self._tokens, self._final)
+
+    async def _step(self, step: int) -> bool:
+        """One model call and its tools. Returns True when the model must continue."""
+        prompt = render_prompt(self.conversation, self.specs, base_system=self.base_system)
+        parser = StreamParser()
+        executor = Executor(self.tools, self.ctx, on_result=lambda o: self._on_result(step, o))
+        self._executor = executor
+        self._open_names: dict[int, str] = {}
+        self._text_parts: list[str] = []
+        self._visible: list[str] = []
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        reported: int | None = None
+        chars = 0
+        finish: str | None = None
+        limit: _LimitHit | None = None
+        stream = self.policy.stream(prompt)
+        try:
+            async for chunk in stream:
+                self._text_parts.append(chunk.text)
+                chars += len(chunk.text)
+                token_ids += chunk.token_ids
+                logprobs += chunk.logprobs
+                reported = chunk.output_tokens if chunk.output_tokens is not None else reported
+                finish = chunk.finish_reason or finish
+                for ev in parser.feed(chunk.text):
+                    await self._on_parse(step, ev, executor)
+                if self._tokens + _count(chars, token_ids, reported) > self.limits.max_output_tokens:
+                    limit = _LimitHit("max_tokens", f"the turn exceeded {self.limits.max_output_tokens} output tokens")
+                    break
+        finally:
+            await _aclose(stream)
+        for ev in parser.finish():
+            await self._on_parse(step, ev, executor)
+        text = "".join(self._text_parts)
+        used = _count(chars, token_ids, reported)
+        self._tokens += used
+        await self.emit(
+            AssistantMessage(
+                step=step, text=text, token_ids=token_ids, logprobs=logprobs, output_tokens=used, finish_reason=finish
+            )
+        )
+        self.conversation.append(Message("assistant", text))
+        outcomes = await executor.results()
+        self._executor = None
+        if outcomes:
+            self.conversation.append(Message("tool", render_results([(o.name, o.call.index, o.result) for o in outcomes])))
+        if limit is not None:
+            raise limit
+        if not outcomes:
+            self._final = "".join(self._visible)
+        return bool(outcomes)
+
+    async def _on_parse(self, step: int, ev: ParseEvent, executor: Executor) -> None:
+        if isinstance(ev, TextDelta):
+            self._visible.append(ev.text)
+            await self.emit(AssistantDelta(step=step, text=ev.text))
+        elif isinstance(ev, CallOpened):
+            self._open_names[ev.index] = ev.name
+        elif isinstance(ev, ParamDelta):
+            name = self._open_names.get(ev.index, "")
+            await self.emit(ToolCallDelta(step=step, index=ev.index, name=name, param=ev.param, text=ev.text))
+        elif isinstance(ev, ParsedCall | MalformedCall):
+            call_id = f"t{self._turn}s{step}c{ev.index}"
+            if len(executor) >= self.limits.max_calls_per_step:
+                call: ToolCall | CallRejected = CallRejected(
+                    ev.index, call_id, ev.name,
+                    f"too many tool calls in one response (at most {self.limits.max_calls_per_step}); "
+                    "wait for these results, then continue",
+                )
+            else:
+                call = validate_call(ev, {s.name: s for s in self.specs}, call_id)
+            args = call.args if isinstance(call, ToolCall) else {}
+            await self.emit(
+                ToolCallStarted(
+                    step=step, index=call.index, call_id=call_id, name=call.name, args=args,
+                    valid=isinstance(call, ToolCall),
+                )
+            )
+            executor.submit(call)
+
+    async def _on_result(self, step: int, outcome: CallOutcome) -> None:
+        call, result = outcome.call, outcome.result
+        await self.emit(
+            ToolResultEvent(
+                step=step, index=call.index, call_id=call.call_id, name=call.name, ok=result.ok,
+                output=result.output, data=result.data, duration_ms=round(outcome.duration_ms, 3),
+            )
+        )
+        for edit in result.edits:
+            await self.emit(
+                FileEditEvent(
+                    call_id=call.call_id, path=edit.path, diff=edit.diff, created=edit.created, deleted=edit.deleted
+                )
+            )
+
+    async def _abort_tools(self, why: str) -> None:
+        """Cancel running tools and record what the model had said and done."""
+        executor = self._executor
+        self._executor = None
+        if executor is None:
+            return
+        await executor.cancel()
+        self.conversation.append(Message("assistant", "".join(self._text_parts)))
+        results = executor.settled(f"cancelled: {why}")
+        if results:
+            self.conversation.append(Message("tool", render_results(results)))
+
+
+def _count(chars: int, token_ids: list[int], reported: int | None) -> int:
+    if reported is not None:
+        return reported
+    if token_ids:
+        return len(token_ids)
+    return math.ceil(chars / 4)
+
+
+async def _aclose(stream: Any) -> None:
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()

@@ -1,0 +1,146 @@
+"""The contract every tool implements: its schema, its resources, its result.
+
+A tool is one small module exposing a class that satisfies :class:`Tool`. The
+same :class:`ToolSpec` drives three things, so they can never disagree:
+
+* the tool description shown to the model (``agent.prompt``),
+* validation of a parsed call (``agent.calls``),
+* the executor's resource locking (``Tool.resources``).
+
+Nothing here imports the agent package: tools know nothing of XML or events.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from tools.sandbox import Sandbox
+    from tools.workspace import Workspace
+
+
+class ParamType(enum.StrEnum):
+    """How a parameter's raw text body is interpreted.
+
+    ``string`` values have surrounding whitespace stripped (paths, patterns);
+    ``text`` values are byte-exact (file contents, search/replace blocks).
+    """
+
+    STRING = "string"
+    TEXT = "text"
+    INTEGER = "integer"
+    BOOLEAN = "boolean"
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    name: str
+    type: ParamType
+    description: str
+    required: bool = True
+    default: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """Schema of one tool: the single source for prompt text and validation."""
+
+    name: str
+    description: str
+    params: tuple[ParamSpec, ...]
+
+    def param(self, name: str) -> ParamSpec | None:
+        for p in self.params:
+            if p.name == name:
+                return p
+        return None
+
+
+WHOLE_TREE = "*"
+"""Resource key meaning "every path in the workspace" (a shell command, a grep)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    """What a call reads and writes, for the executor's ordering.
+
+    Keys are normalised workspace-relative paths, or :data:`WHOLE_TREE`. Two
+    calls conflict when one writes what the other reads or writes. Paths are
+    compared as strings after normalisation: two names for one file through a
+    symlink are *not* detected as the same resource.
+    """
+
+    reads: frozenset[str] = frozenset()
+    writes: frozenset[str] = frozenset()
+
+    def conflicts_with(self, other: Resources) -> bool:
+        return _overlap(self.writes, other.reads | other.writes) or _overlap(
+            other.writes, self.reads
+        )
+
+
+def _overlap(a: frozenset[str], b: frozenset[str]) -> bool:
+    if not a or not b:
+        return False
+    if WHOLE_TREE in a or WHOLE_TREE in b:
+        return True
+    return not a.isdisjoint(b)
+
+
+@dataclass(frozen=True, slots=True)
+class FileEdit:
+    """A change a tool made to one file, as a unified diff (``a/`` ``b/`` paths)."""
+
+    path: str
+    diff: str
+    created: bool = False
+    deleted: bool = False
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """What a tool returns. ``output`` is what the model reads.
+
+    ``ok`` is False for a failed call (the model is told it failed); ``data``
+    carries structured facts for clients (exit code, counts, truncation) and
+    must be JSON-serialisable.
+    """
+
+    ok: bool
+    output: str
+    data: dict[str, Any] = field(default_factory=dict)
+    edits: list[FileEdit] = field(default_factory=list)
+
+    @classmethod
+    def error(cls, message: str, **data: Any) -> ToolResult:
+        return cls(ok=False, output=message, data=data)
+
+
+class ToolError(Exception):
+    """Raised inside a tool for a failure the model should read and fix.
+
+    The executor turns it into ``ToolResult.error(str(exc))``; any other
+    exception is reported as an internal error (and logged).
+    """
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """What a running tool may touch: its workspace and the sandbox."""
+
+    workspace: Workspace
+    sandbox: Sandbox | None = None
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """One tool. ``run`` receives arguments already validated and typed."""
+
+    spec: ToolSpec
+
+    def resources(self, args: Mapping[str, Any]) -> Resources: ...
+
+    async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult: ...
