@@ -258,6 +258,9 @@ class StreamParser:
         name, error = parse_tag_name(tag)
         if error:
             self._fail(out, error)
+            if tag.endswith("/>"):  # nothing to skip: the broken call ends here
+                self._emit_failure(out)
+                self._state = _State.TEXT
             return True
         self._call_name = name
         out.append(CallOpened(self._index, name))

@@ -1,0 +1,170 @@
+"""The ``flywheel`` command line.
+
+Heavy modules are imported inside the subcommands so ``flywheel --help``
+stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+DEMO_DIR = Path(__file__).with_name("demo")
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run one agent turn on a workspace and print the live transcript",
+        description=(
+            "Run one agent turn on an isolated copy of a workspace. With no --workspace/--git "
+            "and no request, runs the bundled demo (a scripted policy fixing a bug)."
+        ),
+    )
+    p.add_argument("request", nargs="?", help="what to ask the agent (default: the demo's request)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workspace", type=Path, help="local directory to copy into the session's workspace")
+    src.add_argument("--git", type=Path, metavar="REPO", help="git repository to check out (with --commit)")
+    p.add_argument("--commit", default="HEAD", help="commit for --git (default: HEAD)")
+    p.add_argument(
+        "--policy", default=None,
+        help="scripted:FILE.json (recorded outputs) or openai[:MODEL] (default: the demo script)",
+    )
+    p.add_argument("--base-url", help="OpenAI-compatible base URL (env FLYWHEEL_OPENAI_BASE_URL)")
+    p.add_argument("--model", help="model name for --policy openai (env FLYWHEEL_OPENAI_MODEL)")
+    p.add_argument("--api-key", help="API key (env FLYWHEEL_OPENAI_API_KEY)")
+    p.add_argument("--json", action="store_true", help="print events as JSON lines instead of a transcript")
+    p.add_argument("--max-steps", type=int, default=30, help="model calls per turn (default 30)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit for the turn, seconds")
+    p.add_argument("--data-dir", type=Path, help="keep the workspace here (default: a temporary directory)")
+    p.add_argument(
+        "--unsafe-no-sandbox", action="store_true",
+        help="run commands WITHOUT isolation if bubblewrap is missing (dangerous)",
+    )
+    p.set_defaults(func=_cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flywheel",
+        description="Flywheel: an agent IDE backend with a built-in RL flywheel.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_run(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from agent.policy import PolicyError
+
+    try:
+        return asyncio.run(_run(args))
+    except (PolicyError, CliError) as exc:
+        print(f"flywheel run: {exc}", file=sys.stderr)
+        return 1
+
+
+class CliError(Exception):
+    """A user-facing error: printed without a traceback."""
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from agent.events import CallbackSink, event_to_json
+    from agent.policies import make_policy
+    from agent.session import Limits, Session
+    from backend.transcript import Transcript
+    from tools.registry import default_tools
+    from tools.sandbox import SandboxUnavailable, make_sandbox
+    from tools.workspace import WorkspaceStore
+
+    demo = args.workspace is None and args.git is None
+    request = args.request
+    policy_spec = args.policy
+    if demo:
+        script = json.loads((DEMO_DIR / "script.json").read_text())
+        request = request or script["request"]
+        policy_spec = policy_spec or f"scripted:{DEMO_DIR / 'script.json'}"
+    if not request:
+        raise CliError("give a request, e.g. flywheel run --workspace . \"fix the failing test\"")
+    if policy_spec is None:
+        raise CliError("choose a policy: --policy scripted:FILE.json or --policy openai[:MODEL]")
+    policy = make_policy(
+        policy_spec, base_url=args.base_url, model=args.model, api_key=args.api_key
+    ) if policy_spec.startswith("openai") else make_policy(policy_spec)
+
+    allow_unsafe = args.unsafe_no_sandbox or os.environ.get("FLYWHEEL_UNSAFE_NO_SANDBOX") == "1"
+    tmp = None
+    if args.data_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="flywheel-")
+        store_root = Path(tmp.name)
+    else:
+        store_root = args.data_dir
+    store = WorkspaceStore(store_root)
+    try:
+        sandbox = make_sandbox(allow_unsandboxed=allow_unsafe, hide=[store.root])
+    except SandboxUnavailable as exc:
+        raise CliError(str(exc)) from None
+    try:
+        if args.git is not None:
+            workspace = store.from_git(args.git, args.commit)
+        else:
+            src = args.workspace or DEMO_DIR / "workspace"
+            if not src.is_dir():
+                raise CliError(f"--workspace {src} is not a directory")
+            workspace = store.from_dir(src)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"could not create the workspace: {exc}") from None
+
+    out = sys.stdout
+    sink_fn = (lambda e: print(event_to_json(e), file=out, flush=True)) if args.json else Transcript(out)
+    session = Session(
+        workspace=workspace, policy=policy, tools=default_tools(), sink=CallbackSink(sink_fn),
+        sandbox=sandbox, limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout),
+    )
+    loop = asyncio.get_running_loop()
+    try:
+        import signal
+
+        loop.add_signal_handler(signal.SIGINT, session.interrupt)
+    except (NotImplementedError, RuntimeError):
+        pass
+    try:
+        outcome = await session.run_turn(request)
+    finally:
+        await policy.aclose()
+    if not args.json:
+        changed = workspace.diff()
+        print()
+        if changed:
+            print(f"workspace changes ({len(workspace.changed_paths())} file(s)):")
+            print(changed, end="" if changed.endswith("\n") else "\n")
+        else:
+            print("no workspace changes")
+        if tmp is None:
+            print(f"workspace kept at {workspace.root}")
+    if tmp is not None:
+        workspace.close()
+        tmp.cleanup()
+    return 0 if outcome.reason == "completed" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

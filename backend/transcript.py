@@ -1,0 +1,96 @@
+"""Human-readable live transcript of the event stream (``flywheel run``).
+
+Colour is used only on a terminal and never when ``NO_COLOR`` is set.
+Long tool outputs are shortened to their first lines; ``--json`` gives the
+full events.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, TextIO
+
+from agent.events import (
+    AssistantDelta,
+    ErrorEvent,
+    Event,
+    FileEditEvent,
+    ToolCallStarted,
+    ToolResultEvent,
+    TurnEnd,
+    UserMessage,
+)
+
+_CODES = {"dim": "2", "bold": "1", "red": "31", "green": "32", "yellow": "33", "blue": "34", "cyan": "36"}
+
+
+class Transcript:
+    def __init__(self, out: TextIO = sys.stdout, *, color: bool | None = None, max_lines: int = 12):
+        self.out = out
+        if color is None:
+            color = out.isatty() and "NO_COLOR" not in os.environ
+        self.color = color
+        self.max_lines = max_lines
+        self._mid_line = False
+
+    def _c(self, style: str, text: str) -> str:
+        if not self.color:
+            return text
+        codes = ";".join(_CODES[s] for s in style.split())
+        return f"\x1b[{codes}m{text}\x1b[0m"
+
+    def _line(self, text: str) -> None:
+        if self._mid_line:
+            self.out.write("\n")
+            self._mid_line = False
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def __call__(self, event: Event) -> None:
+        if isinstance(event, UserMessage):
+            self._line(self._c("bold blue", "you › ") + event.text)
+        elif isinstance(event, AssistantDelta):
+            self.out.write(event.text)
+            self.out.flush()
+            self._mid_line = not event.text.endswith("\n")
+        elif isinstance(event, ToolCallStarted):
+            if event.valid:
+                self._line(self._c("cyan", f"▶ {event.name}") + " " + _summarise_args(event.args))
+            else:
+                self._line(self._c("yellow", f"▶ {event.name or '(unreadable call)'} — rejected"))
+        elif isinstance(event, ToolResultEvent):
+            mark = self._c("green", "✓") if event.ok else self._c("red", "✗")
+            self._line(f"{mark} {event.name or 'call'} {self._c('dim', f'{event.duration_ms:.1f} ms')}")
+            lines = event.output.splitlines()
+            shown = lines[: self.max_lines]
+            for line in shown:
+                self._line(self._c("dim", "  │ " + line[:200]))
+            if len(lines) > len(shown):
+                self._line(self._c("dim", f"  │ … {len(lines) - len(shown)} more lines"))
+        elif isinstance(event, FileEditEvent):
+            self._line(self._c("bold", f"✎ {event.path}" + (" (new file)" if event.created else "")))
+            for line in event.diff.splitlines():
+                style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
+                if line.startswith(("+++", "---")):
+                    style = "bold"
+                self._line("  " + self._c(style, line))
+        elif isinstance(event, TurnEnd):
+            detail = f": {event.detail}" if event.detail and event.reason != "completed" else ""
+            self._line(
+                self._c("dim", f"— turn ended: {event.reason}{detail} "
+                        f"({event.steps} model calls, ~{event.output_tokens} output tokens)")
+            )
+        elif isinstance(event, ErrorEvent):
+            self._line(self._c("red", f"error ({event.source}): {event.message}"))
+
+
+def _summarise_args(args: dict[str, Any]) -> str:
+    parts = []
+    for k, v in args.items():
+        if isinstance(v, str) and ("\n" in v or len(v) > 60):
+            n = v.count("\n") + 1
+            parts.append(f"{k}=({n} line{'s' if n != 1 else ''}, {len(v)} chars)")
+        else:
+            parts.append(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}")
+    return " ".join(parts)

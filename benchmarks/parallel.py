@@ -1,0 +1,102 @@
+"""Executor parallelism and per-call overhead.
+
+1. Eight independent calls that each take 100 ms, run through the executor
+   concurrently vs one after another (target: ≥ 5× faster).
+2. Per-call overhead of the executor for a small ``read_file``: the time from
+   submit to outcome through the executor, minus the same tool's direct
+   ``run`` time, p50/p99 (both measured in this run, interleaved).
+
+Usage: python benchmarks/parallel.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from _common import median, percentile, write_result
+
+from agent.calls import ToolCall
+from agent.executor import Executor
+from tools.base import ParamSpec, ParamType, Resources, ToolContext, ToolResult, ToolSpec
+from tools.read_file import ReadFile
+from tools.workspace import WorkspaceStore
+
+
+class Wait100:
+    """A call that takes 100 ms and touches only its own key."""
+
+    spec = ToolSpec("wait", "sleeps 100 ms", (ParamSpec("key", ParamType.STRING, "resource"),))
+
+    def resources(self, args: Mapping[str, Any]) -> Resources:
+        return Resources(reads=frozenset({args["key"]}))
+
+    async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        await asyncio.sleep(0.1)
+        return ToolResult(True, args["key"])
+
+
+async def parallel_vs_sequential(rounds: int = 5) -> dict[str, float]:
+    tools = {"wait": Wait100()}
+    ctx = ToolContext(workspace=None)
+    par, seq = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        ex = Executor(tools, ctx)
+        for i in range(8):
+            ex.submit(ToolCall(i, f"c{i}", "wait", {"key": f"k{i}"}))
+        await ex.results()
+        par.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for i in range(8):
+            ex = Executor(tools, ctx)
+            ex.submit(ToolCall(i, f"c{i}", "wait", {"key": f"k{i}"}))
+            await ex.results()
+        seq.append(time.perf_counter() - t0)
+    return {"parallel_s": median(par), "sequential_s": median(seq), "speedup": median(seq) / median(par)}
+
+
+async def read_file_overhead(n: int = 500) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        (src / "small.py").write_text("".join(f"line {i}\n" for i in range(40)))
+        store = WorkspaceStore(Path(tmp) / "store")
+        ws = store.from_dir(src)
+        ctx = ToolContext(workspace=ws)
+        tool = ReadFile()
+        args = {"path": "small.py"}
+        direct, through = [], []
+        for i in range(n):
+            t0 = time.perf_counter()
+            await tool.run(args, ctx)
+            direct.append((time.perf_counter() - t0) * 1e3)
+            t0 = time.perf_counter()
+            ex = Executor({"read_file": tool}, ctx)
+            ex.submit(ToolCall(0, f"c{i}", "read_file", args))
+            await ex.results()
+            through.append((time.perf_counter() - t0) * 1e3)
+        ws.close()
+    return {
+        "direct_p50_ms": median(direct), "direct_p99_ms": percentile(direct, 99),
+        "executor_p50_ms": median(through), "executor_p99_ms": percentile(through, 99),
+        "overhead_p50_ms": median(through) - median(direct),
+        "overhead_p99_ms": percentile(through, 99) - percentile(direct, 99),
+        "n": n,
+    }
+
+
+async def amain() -> None:
+    result: dict[str, Any] = {"eight_100ms_calls": await parallel_vs_sequential()}
+    result["read_file_overhead"] = await read_file_overhead()
+    result["targets"] = {"speedup_min": 5.0}
+    result["pass"] = result["eight_100ms_calls"]["speedup"] >= 5.0
+    write_result("parallel", result)
+
+
+if __name__ == "__main__":
+    asyncio.run(amain())

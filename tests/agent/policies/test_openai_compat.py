@@ -1,0 +1,66 @@
+"""The OpenAI-compatible policy against a real streaming HTTP server on loopback."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from agent.policies import make_policy
+from agent.policies.openai_compat import OpenAICompatPolicy, OpenAIConfig
+from agent.policy import PolicyError
+from agent.prompt import Message, render_prompt
+from tests.openai_server import ScriptedChatServer
+
+PROMPT = render_prompt([Message("user", "hello")], [])
+
+
+async def collect(policy: OpenAICompatPolicy) -> tuple[str, list]:
+    chunks = [c async for c in policy.stream(PROMPT)]
+    return "".join(c.text for c in chunks), chunks
+
+
+async def test_streams_text_and_sends_rendered_messages() -> None:
+    server = ScriptedChatServer(['Hi <tool_call name="x"/> done'], api_key="k1")
+    with server.running():
+        policy = OpenAICompatPolicy(OpenAIConfig(base_url=server.base_url, model="m", api_key="k1"))
+        try:
+            text, chunks = await collect(policy)
+        finally:
+            await policy.aclose()
+    assert text == 'Hi <tool_call name="x"/> done'
+    assert len(chunks) > 3  # really streamed in pieces
+    assert chunks[-1].output_tokens is not None
+    req = server.requests[0]
+    assert req["body"]["messages"] == PROMPT.messages and req["body"]["stream"] is True
+    assert req["body"]["model"] == "m" and req["auth"] == "Bearer k1"
+
+
+async def test_server_down_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    policy = OpenAICompatPolicy(OpenAIConfig(base_url=f"http://127.0.0.1:{port}/v1", connect_timeout_s=2))
+    with pytest.raises(PolicyError, match=r"cannot reach the OpenAI-compatible server .*is it running\?"):
+        await collect(policy)
+    await policy.aclose()
+
+
+async def test_http_error_is_reported_with_body() -> None:
+    server = ScriptedChatServer(["x"], status=500)
+    with server.running():
+        policy = OpenAICompatPolicy(OpenAIConfig(base_url=server.base_url))
+        with pytest.raises(PolicyError, match="HTTP 500.*scripted failure"):
+            await collect(policy)
+        await policy.aclose()
+
+
+def test_make_policy_reads_env_and_rejects_unknown(monkeypatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_OPENAI_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("FLYWHEEL_OPENAI_MODEL", "env-model")
+    p = make_policy("openai")
+    assert isinstance(p, OpenAICompatPolicy)
+    assert p.config.base_url == "http://127.0.0.1:9/v1" and p.config.model == "env-model"
+    assert make_policy("openai:other").config.model == "other"  # type: ignore[attr-defined]
+    with pytest.raises(PolicyError, match="unknown policy"):
+        make_policy("gpt5")

@@ -1,0 +1,308 @@
+"""Adversarial properties of the command sandbox. Every stress test is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from tools.cgroups import CgroupV1
+from tools.sandbox import (
+    BubblewrapSandbox,
+    SandboxLimits,
+    SandboxUnavailable,
+    UnsandboxedRunner,
+    make_sandbox,
+    probe_bwrap,
+)
+
+_BWRAP_MISSING = probe_bwrap()
+needs_bwrap = pytest.mark.skipif(
+    _BWRAP_MISSING is not None,
+    reason=f"bubblewrap unusable here ({_BWRAP_MISSING}): apt-get install bubblewrap",
+)
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture
+def cgroups() -> CgroupV1:
+    """Real cgroups under a per-test prefix, so leftovers can be detected."""
+    return CgroupV1.discover(prefix=f"flywheel-test-{secrets.token_hex(4)}-")
+
+
+@pytest.fixture
+def sandbox(cgroups: CgroupV1) -> BubblewrapSandbox:
+    return BubblewrapSandbox(cgroups=cgroups, kill_grace_s=0.5)
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    return root
+
+
+def leftover_groups(cgroups: CgroupV1) -> list[Path]:
+    return [
+        p
+        for parent in cgroups.parents.values()
+        for p in parent.iterdir()
+        if p.name.startswith(cgroups.prefix)
+    ]
+
+
+def pids_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker`` (excluding this process)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def unique_sleep() -> str:
+    """A ``sleep`` argument no other process on the host will have."""
+    return f"1000.{secrets.randbelow(10**6):06d}"
+
+
+@needs_bwrap
+@pytest.mark.parametrize("target", ["/etc/flywheel-probe", "/root/flywheel-probe", "/usr/flywheel-probe"])
+async def test_writes_outside_workspace_fail(sandbox: BubblewrapSandbox, ws: Path, target: str) -> None:
+    r = await sandbox.run(f"echo pwned > {target}", ws)
+    assert r.exit_code != 0
+    assert not Path(target).exists()
+
+
+@needs_bwrap
+async def test_host_tmp_is_not_written(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    name = f"/tmp/flywheel-probe-{secrets.token_hex(6)}"
+    r = await sandbox.run(f"echo x > {name} && cat {name}", ws)
+    assert r.exit_code == 0 and r.output.strip() == "x"  # private /tmp is writable...
+    assert not Path(name).exists()  # ...but is not the host's
+
+
+@needs_bwrap
+async def test_workspace_writes_persist(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    r = await sandbox.run("mkdir -p sub && printf 'kept' > sub/out.txt", ws)
+    assert r.exit_code == 0
+    assert (ws / "sub" / "out.txt").read_text() == "kept"
+
+
+@needs_bwrap
+async def test_tmp_is_discarded_between_calls(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    assert (await sandbox.run("echo x > /tmp/carry", ws)).exit_code == 0
+    r = await sandbox.run("test -e /tmp/carry", ws)
+    assert r.exit_code == 1
+
+
+@needs_bwrap
+async def test_hidden_sibling_workspaces_are_invisible(cgroups: CgroupV1, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    (store / "mine").mkdir(parents=True)
+    (store / "other").mkdir()
+    (store / "other" / "secret").write_text("s3cret")
+    (store / "mine" / "own.txt").write_text("own")
+    sb = BubblewrapSandbox(hide=[store], cgroups=cgroups)
+    r = await sb.run(f"cat own.txt; ls {store}; cat {store}/other/secret", store / "mine")
+    assert "own" in r.output
+    assert "s3cret" not in r.output and "other" not in r.output.splitlines()
+    assert r.exit_code != 0
+
+
+@needs_bwrap
+async def test_no_network_to_host_loopback(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(0.3)
+        port = listener.getsockname()[1]
+        script = (
+            f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo BASH-CONNECTED; "
+            f"{sys.executable} -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'"
+            " && echo PY-CONNECTED; exit 0"
+        )
+        r = await sandbox.run(script, ws, SandboxLimits(timeout_s=10))
+        assert "CONNECTED" not in r.output
+        with pytest.raises(TimeoutError):
+            listener.accept()
+
+
+@needs_bwrap
+async def test_no_route_to_outside(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    r = await sandbox.run("exec 3<>/dev/tcp/192.0.2.1/80", ws, SandboxLimits(timeout_s=10))
+    assert r.exit_code != 0 and not r.timed_out  # unreachable at once, no hang
+
+
+@needs_bwrap
+async def test_fork_flood_is_capped_by_pids_max(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    flood = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(3000):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    if pid == 0:\n"
+        "        time.sleep(30); os._exit(0)\n"
+        "    n += 1\n"
+        "print('forked', n, flush=True)\n"
+    )
+    (ws / "flood.py").write_text(flood)
+    r = await sandbox.run(f"{sys.executable} flood.py", ws, SandboxLimits(timeout_s=20, max_pids=48))
+    assert r.enforced["pids"] == "cgroup"
+    assert not r.timed_out
+    forked = int(r.output.split("forked", 1)[1].split()[0])
+    assert 0 < forked < 48
+    assert subprocess.run(["true"], timeout=10).returncode == 0  # host can still fork
+
+
+@needs_bwrap
+async def test_memory_hog_is_killed(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    hog = f"{sys.executable} -c 'b = b\"x\" * (128 << 20); print(\"survived\")'"
+    r = await sandbox.run(hog, ws, SandboxLimits(memory_bytes=64 << 20, timeout_s=20))
+    assert r.enforced["memory"] == "cgroup"
+    assert "survived" not in r.output
+    assert r.oom_killed and r.exit_code != 0
+    big = b"y" * (256 << 20)  # the host side can still allocate
+    assert len(big) == 256 << 20
+
+
+@needs_bwrap
+async def test_sigterm_ignoring_command_dies_at_timeout(
+    sandbox: BubblewrapSandbox, cgroups: CgroupV1, ws: Path
+) -> None:
+    marker = unique_sleep()
+    r = await sandbox.run(f"trap '' TERM; sleep {marker}; echo never", ws, SandboxLimits(timeout_s=1.5))
+    assert r.timed_out
+    assert 1.5 <= r.duration_s < 1.5 + sandbox.kill_grace_s + 1.5
+    assert "never" not in r.output
+    assert pids_with(marker) == []
+    assert leftover_groups(cgroups) == []
+
+
+@needs_bwrap
+async def test_huge_output_is_truncated_with_bounded_memory(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    cap = 4096
+    tracemalloc.start()
+    try:
+        r = await sandbox.run(
+            "head -c 100000000 /dev/zero | tr '\\0' x", ws, SandboxLimits(output_bytes=cap, timeout_s=30)
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert r.exit_code == 0 and not r.timed_out
+    assert r.truncated and r.output_bytes_total == 100_000_000
+    assert f"[... {100_000_000 - cap} bytes truncated ...]" in r.output
+    assert r.output.count("x") == cap
+    assert peak < 8 << 20  # far below the 100 MB that went through
+
+
+@needs_bwrap
+async def test_background_process_does_not_outlive_call(
+    sandbox: BubblewrapSandbox, cgroups: CgroupV1, ws: Path
+) -> None:
+    marker = unique_sleep()
+    r = await sandbox.run(f"sleep {marker} & echo started", ws)
+    assert r.exit_code == 0 and r.output.strip() == "started"
+    assert r.duration_s < 5
+    assert pids_with(marker) == []
+    assert leftover_groups(cgroups) == []
+
+
+@needs_bwrap
+async def test_cancellation_kills_the_tree(
+    sandbox: BubblewrapSandbox, cgroups: CgroupV1, ws: Path
+) -> None:
+    marker = unique_sleep()
+    task = asyncio.create_task(sandbox.run(f"sleep {marker}", ws, SandboxLimits(timeout_s=60)))
+    deadline = time.monotonic() + 10
+    while not pids_with(marker):
+        assert time.monotonic() < deadline, "command never started"
+        await asyncio.sleep(0.02)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert pids_with(marker) == []
+    assert leftover_groups(cgroups) == []
+
+
+@needs_bwrap
+async def test_exit_code_duration_and_merged_output(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    r = await sandbox.run("echo out; echo err >&2; sleep 0.2; exit 7", ws)
+    assert r.exit_code == 7 and r.signal is None and not r.timed_out
+    assert r.output == "out\nerr\n"
+    assert 0.2 <= r.duration_s < 5
+    assert r.enforced == {
+        "filesystem": "bwrap",
+        "network": "bwrap",
+        "timeout": "kill process tree",
+        "pids": "cgroup",
+        "memory": "cgroup",
+    }
+
+
+@needs_bwrap
+async def test_environment_is_cleared(sandbox: BubblewrapSandbox, ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_TEST_SECRET", "hunter2")
+    r = await sandbox.run("env", ws)
+    assert "hunter2" not in r.output
+    assert "HOME=/tmp" in r.output.splitlines()
+
+
+@needs_bwrap
+async def test_without_cgroups_the_fallback_is_recorded(ws: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sb = BubblewrapSandbox(cgroups=CgroupV1.disabled())
+    r = await sb.run("echo ok", ws)
+    assert r.exit_code == 0 and r.output == "ok\n"
+    assert r.enforced["pids"] == "none" and r.enforced["memory"] == "rlimit-as"
+
+
+async def test_unsandboxed_runner_warns_and_runs(
+    cgroups: CgroupV1, ws: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="tools.sandbox"):
+        runner = UnsandboxedRunner(cgroups=cgroups)
+    assert any("UNSANDBOXED" in rec.getMessage() for rec in caplog.records)
+    r = await runner.run("pwd; exit 3", ws)
+    assert r.exit_code == 3 and r.output.strip() == str(ws.resolve())
+    assert r.enforced["filesystem"] == "none" and r.enforced["network"] == "none"
+
+
+async def test_unsandboxed_runner_kills_background_jobs(cgroups: CgroupV1, ws: Path) -> None:
+    marker = unique_sleep()
+    r = await UnsandboxedRunner(cgroups=cgroups).run(f"sleep {marker} & echo started", ws)
+    assert r.output.strip() == "started" and r.duration_s < 5
+    assert pids_with(marker) == []
+
+
+def test_make_sandbox_refuses_without_bwrap() -> None:
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        make_sandbox(bwrap="/nonexistent/bwrap", environ={})
+
+
+def test_make_sandbox_opt_out_gives_unsandboxed_runner() -> None:
+    assert isinstance(make_sandbox(bwrap="/nonexistent/bwrap", allow_unsandboxed=True), UnsandboxedRunner)
+    env = {"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"}
+    assert isinstance(make_sandbox(bwrap="/nonexistent/bwrap", environ=env), UnsandboxedRunner)
+
+
+@needs_bwrap
+def test_make_sandbox_prefers_bubblewrap() -> None:
+    assert isinstance(make_sandbox(environ={}), BubblewrapSandbox)

@@ -1,0 +1,141 @@
+"""Running ripgrep for the ``glob`` and ``grep`` tools: flags, streaming, timeouts.
+
+Every run uses the same base flags so serving, RL and replay agree:
+``.gitignore``/``.ignore`` files inside the workspace are respected even
+without a ``.git`` directory, but ignore files *above* the workspace, the
+user's global gitignore and any ripgrep config file are not; hidden files are
+searched (``.git`` itself is skipped); symlinks are never followed.
+
+Not guaranteed: ripgrep's ``--glob`` *overrides* ignore rules (an ignored file
+matching the glob is listed), so callers that take a glob intersect with an
+unfiltered listing (:func:`list_files`); output lines longer than
+:data:`MAX_MESSAGE_BYTES` are dropped and counted, not shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tools.base import ToolError
+
+RG_TIMEOUT_S = 30.0
+MAX_MESSAGE_BYTES = 4 << 20
+MAX_STDERR_BYTES = 16 << 10
+
+BASE_FLAGS = (
+    "--no-config",
+    "--no-require-git",
+    "--no-ignore-parent",
+    "--no-ignore-global",
+    "--hidden",
+    "--glob=!.git",
+    "--no-follow",
+    "--color=never",
+)
+
+
+def rg_binary() -> str:
+    """Path of the ``rg`` executable; a ToolError saying how to install it if missing."""
+    path = shutil.which("rg")
+    if path is None:
+        raise ToolError("ripgrep (rg) is not installed: apt-get install ripgrep")
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class RgExit:
+    returncode: int
+    stderr: str
+    dropped_lines: int
+
+
+async def run_rg(
+    args: list[str],
+    cwd: str | os.PathLike[str],
+    on_line: Callable[[bytes], None],
+    *,
+    timeout: float = RG_TIMEOUT_S,
+) -> RgExit:
+    """Run ``rg BASE_FLAGS args`` in ``cwd``, feeding each stdout line (no ``\\n``) to ``on_line``.
+
+    Kills rg on timeout (ToolError) or cancellation. Exit codes are returned,
+    not interpreted: 0 found, 1 nothing found, 2 error.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RIPGREP_")}
+    proc = await asyncio.create_subprocess_exec(
+        rg_binary(), *BASE_FLAGS, *args, cwd=os.fspath(cwd), env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    stdout, stderr = proc.stdout, proc.stderr
+    dropped = 0
+
+    async def pump_stdout() -> None:
+        nonlocal dropped
+        buf = bytearray()
+        skipping = False
+        while chunk := await stdout.read(1 << 16):
+            start = 0
+            while (nl := chunk.find(b"\n", start)) >= 0:
+                if not skipping:
+                    buf += chunk[start:nl]
+                    on_line(bytes(buf))
+                buf.clear()
+                skipping = False
+                start = nl + 1
+            if not skipping:
+                buf += chunk[start:]
+                if len(buf) > MAX_MESSAGE_BYTES:
+                    buf.clear()
+                    skipping = True
+                    dropped += 1
+        if buf and not skipping:
+            on_line(bytes(buf))
+
+    async def pump_stderr() -> bytes:
+        kept = bytearray()
+        while chunk := await stderr.read(1 << 14):
+            kept += chunk[: max(0, MAX_STDERR_BYTES - len(kept))]
+        return bytes(kept)
+
+    try:
+        async with asyncio.timeout(timeout):
+            _, err = await asyncio.gather(pump_stdout(), pump_stderr())
+            rc = await proc.wait()
+    except TimeoutError:
+        raise ToolError(
+            f"ripgrep timed out after {timeout:g} s and was stopped: narrow the path, glob or pattern"
+        ) from None
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    return RgExit(rc, err.decode("utf-8", "replace").strip(), dropped)
+
+
+async def list_files(cwd: str | os.PathLike[str], path: str, glob: str | None = None) -> list[str]:
+    """Files beneath ``path`` (relative to ``cwd``) that ripgrep would search, sorted.
+
+    With ``glob``, only files matching it *and* not ignored (see module doc).
+    """
+    where = [] if path == "." else ["--", path]
+
+    async def listing(extra: list[str]) -> set[str]:
+        out: set[str] = set()
+        res = await run_rg(["--files", *extra, *where], cwd,
+                           lambda line: out.add(line.decode("utf-8", "replace")))
+        if res.returncode not in (0, 1):
+            raise ToolError(f"ripgrep failed: {res.stderr or f'exit code {res.returncode}'}")
+        return out
+
+    if glob is None:
+        return sorted(await listing([]))
+    matching, unignored = await asyncio.gather(listing(["--glob", glob]), listing([]))
+    return sorted(matching & unignored)

@@ -1,0 +1,116 @@
+"""``run_command``: run a shell command in the workspace, inside the sandbox.
+
+The command string is passed byte-exact to ``bash -c`` (only checked for
+being blank). Every call is a fresh shell: the working directory and
+environment do not carry over between calls, files in the workspace do.
+
+Not guaranteed: the isolation is whatever ``ctx.sandbox`` provides (see
+:mod:`tools.sandbox`); this tool adds no checks of its own on what a command
+does, it only serialises commands against every other call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from tools.base import (
+    WHOLE_TREE,
+    ParamSpec,
+    ParamType,
+    Resources,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+)
+from tools.sandbox import CommandResult, SandboxLimits
+
+_DESCRIPTION = """\
+Run a shell command in the workspace root with bash and return its exit code and \
+combined stdout+stderr.
+Sandboxed: no network access; everything outside the workspace is read-only; /tmp is \
+private to this call and discarded afterwards.
+Each call is a fresh shell: `cd` and environment variables do not persist between \
+calls, but files written in the workspace do.
+Limits: a timeout (default {default} s, at most {max} s; the whole process tree is \
+killed when it expires, including background jobs), {memory} MiB of memory, {pids} \
+processes, and only the first and last {output} KiB of output are shown."""
+
+
+class RunCommand:
+    """The ``run_command`` tool. Limits other than the timeout come from ``limits``."""
+
+    def __init__(
+        self,
+        *,
+        limits: SandboxLimits | None = None,
+        default_timeout_s: int = 60,
+        max_timeout_s: int = 600,
+    ) -> None:
+        self.limits = limits or SandboxLimits()
+        self.default_timeout_s = default_timeout_s
+        self.max_timeout_s = max_timeout_s
+        self.spec = ToolSpec(
+            name="run_command",
+            description=_DESCRIPTION.format(
+                default=default_timeout_s,
+                max=max_timeout_s,
+                memory=self.limits.memory_bytes >> 20,
+                pids=self.limits.max_pids,
+                output=self.limits.output_bytes >> 10,
+            ),
+            params=(
+                ParamSpec("command", ParamType.TEXT, "The shell command (run with bash -c)."),
+                ParamSpec(
+                    "timeout",
+                    ParamType.INTEGER,
+                    f"Seconds before the command is killed (1-{max_timeout_s}).",
+                    required=False,
+                    default=default_timeout_s,
+                ),
+            ),
+        )
+
+    def resources(self, args: Mapping[str, Any]) -> Resources:
+        # A command may read or write anything: serialise it against every call.
+        return Resources(writes=frozenset({WHOLE_TREE}))
+
+    def timeout_for(self, args: Mapping[str, Any]) -> int:
+        raw = args.get("timeout")
+        timeout = self.default_timeout_s if raw is None else int(raw)
+        return max(1, min(timeout, self.max_timeout_s))
+
+    async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
+        command = args.get("command")
+        if not isinstance(command, str) or not command.strip():
+            raise ToolError("command is empty: give the shell command to run")
+        if ctx.sandbox is None:
+            raise ToolError("commands are disabled: no sandbox is configured")
+        limits = dataclasses.replace(self.limits, timeout_s=float(self.timeout_for(args)))
+        result = await ctx.sandbox.run(command, ctx.workspace.root, limits)
+        return ToolResult(
+            ok=result.exit_code == 0 and not result.timed_out,
+            output=f"{header(result, limits)}\n{result.output or '(no output)'}",
+            data=dataclasses.asdict(result),
+        )
+
+
+def header(result: CommandResult, limits: SandboxLimits) -> str:
+    """One line for the model: how the command ended, how long it took."""
+    parts: list[str] = []
+    if result.timed_out:
+        parts.append(f"timed out after {limits.timeout_s:g} s (process tree killed)")
+    elif result.oom_killed:
+        parts.append(f"killed: out of memory (limit {limits.memory_bytes >> 20} MiB)")
+    elif result.output_limit_hit:
+        parts.append(f"killed: output exceeded {limits.kill_output_bytes} bytes")
+    if result.exit_code is not None:
+        parts.append(f"exit code {result.exit_code}")
+    elif result.signal is not None and not result.timed_out:
+        parts.append(f"killed by signal {result.signal}")
+    parts.append(f"{result.duration_s:.2f} s")
+    if result.truncated:
+        parts.append(f"output truncated ({result.output_bytes_total} bytes in total)")
+    return " · ".join(parts)
