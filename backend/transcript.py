@@ -22,6 +22,7 @@ from agent.events import (
     UserMessage,
 )
 
+_EDITING_TOOLS = {"edit_file", "write_file"}
 _CODES = {"dim": "2", "bold": "1", "red": "31", "green": "32", "yellow": "33", "blue": "34", "cyan": "36"}
 
 
@@ -62,6 +63,8 @@ class Transcript:
         elif isinstance(event, ToolResultEvent):
             mark = self._c("green", "✓") if event.ok else self._c("red", "✗")
             self._line(f"{mark} {event.name or 'call'} {self._c('dim', f'{event.duration_ms:.1f} ms')}")
+            if event.ok and event.name in _EDITING_TOOLS:
+                return  # the file_edit event that follows shows the diff
             lines = event.output.splitlines()
             shown = lines[: self.max_lines]
             for line in shown:

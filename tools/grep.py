@@ -72,6 +72,9 @@ class Grep:
             flags += ["--", real]
         collector = _Collector(allowed)
         res = await run_rg(flags, ws.root, collector.feed)
+        if res.returncode == 2 and res.stderr.startswith("No files were searched"):
+            return ToolResult(True, "no matches (no file matched the path and glob)",
+                              data={"matches": 0, "files": 0, "shown": 0, "truncated": False})
         if res.returncode == 2 and not collector.matches:
             msg = res.stderr or "ripgrep failed"
             if "regex" in msg:

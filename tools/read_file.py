@@ -42,7 +42,7 @@ class ReadFile:
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         path: str = args["path"]
-        start: int = args.get("start_line") or 1
+        start: int = 1 if args.get("start_line") is None else args["start_line"]
         end: int | None = args.get("end_line")
         if start < 1:
             raise ToolError(f"start_line must be >= 1 (got {start})")

@@ -59,13 +59,15 @@ async def run_rg(
     cwd: str | os.PathLike[str],
     on_line: Callable[[bytes], None],
     *,
-    timeout: float = RG_TIMEOUT_S,
+    timeout: float | None = None,
 ) -> RgExit:
     """Run ``rg BASE_FLAGS args`` in ``cwd``, feeding each stdout line (no ``\\n``) to ``on_line``.
 
     Kills rg on timeout (ToolError) or cancellation. Exit codes are returned,
-    not interpreted: 0 found, 1 nothing found, 2 error.
+    not interpreted: 0 found, 1 nothing found, 2 error. ``timeout`` defaults
+    to :data:`RG_TIMEOUT_S` (read at call time).
     """
+    timeout = RG_TIMEOUT_S if timeout is None else timeout
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIPGREP_")}
     proc = await asyncio.create_subprocess_exec(
         rg_binary(), *BASE_FLAGS, *args, cwd=os.fspath(cwd), env=env,

@@ -5,9 +5,12 @@
 
 * the host root mounted read-only, only the workspace writable (bound at its
   own path), a private ``/tmp`` (tmpfs, discarded after the call, counted
-  against the memory limit), a fresh ``/dev`` and ``/proc``;
+  against the memory limit), a fresh ``/dev``, a fresh *read-only* ``/proc``
+  (so ``/proc/sys`` and ``/proc/sysrq-trigger`` cannot be written), and
+  ``/run`` hidden (service sockets: mysqld, postgres, dbus, docker);
 * every namespace unshared: no network but an isolated loopback, its own PID
   namespace (when its pid 1 dies the kernel kills every process in it);
+* no capabilities (``--cap-drop ALL`` when we are root);
 * an empty environment except a small PATH, ``HOME=/tmp`` and ``LANG``;
 * fresh cgroup v1 ``pids`` and ``memory`` groups joined *before* bwrap execs,
   so the whole tree is capped and can be swept; they are removed afterwards;
@@ -19,7 +22,12 @@ Not guaranteed:
 * This is not a true security boundary against kernel exploits, a
   misconfigured host or a hostile bwrap binary; it keeps a confused or
   careless model from damaging the host and from reaching the network.
-* Everything outside the workspace is *readable* (minus ``hide`` paths):
+* When the backend runs as root, the command runs as host uid 0 (without
+  capabilities, in a user namespace). Whatever host uid 0 may open through a
+  writable mount or a filesystem Unix socket outside the hidden paths is
+  reachable (the network namespace does not cover filesystem sockets). Run
+  the backend as an unprivileged user for a stronger boundary.
+* Everything outside the workspace is *readable* (minus hidden paths):
   do not put secrets on the host filesystem where the sandbox can read them.
 * No disk quota: a command can fill the workspace's filesystem. No CPU quota
   beyond the timeout.
@@ -40,7 +48,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 from tools.cgroups import CgroupGroup, CgroupV1
 from tools.supervisor import supervise
@@ -60,13 +68,20 @@ class SandboxUnavailable(RuntimeError):
 
 @dataclass(slots=True)
 class SandboxLimits:
-    """Per-command limits. ``output_bytes`` is what is *kept* (head + tail)."""
+    """Per-command limits. ``output_bytes`` is what is *kept* (head + tail);
+    ``kill_output_bytes`` (None: never) kills a command that prints more."""
 
     timeout_s: float = 60.0
     memory_bytes: int = 1 << 30
     max_pids: int = 256
     output_bytes: int = 64 << 10
     kill_output_bytes: int | None = 1 << 30
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.memory_bytes <= 0 or self.max_pids <= 0:
+            raise ValueError(f"limits must be positive: {self}")
+        if self.output_bytes < 0 or (self.kill_output_bytes or 0) < 0:
+            raise ValueError(f"output limits must not be negative: {self}")
 
 
 @dataclass(slots=True)
@@ -113,8 +128,8 @@ def _shell() -> str:
 class _CgroupRunner:
     """Shared machinery: cgroup group per call, launcher, supervision, result."""
 
-    _isolation: dict[str, str] = {}
-    _term_spares_launcher = False
+    _isolation: ClassVar[dict[str, str]] = {}
+    _term_spares_launcher: ClassVar[bool] = False
 
     def __init__(self, cgroups: CgroupV1 | None, kill_grace_s: float) -> None:
         self._cgroups = cgroups if cgroups is not None else CgroupV1.discover()
@@ -179,59 +194,81 @@ class _CgroupRunner:
         enforced["pids"] = group.enforced.get("pids", "none")
         enforced["memory"] = group.enforced.get("memory", "none")
         if enforced["pids"] == "none":
-            _warn_once("pids", "no writable cgroup v1 pids controller: the number of processes is NOT capped")
+            _warn_once("pids", "no writable cgroup v1 pids controller: process count NOT capped")
         if enforced["memory"] == "none":
-            _warn_once("memory", "no writable cgroup v1 memory controller: memory capped by ulimit -v only")
-            steps.append(f"ulimit -v {max(1, limits.memory_bytes // 1024)} || exit {_LAUNCHER_FAILED}")
+            _warn_once("memory", "no writable cgroup v1 memory controller: using ulimit -v")
+            kib = max(1, limits.memory_bytes // 1024)
+            steps.append(f"ulimit -v {kib} || exit {_LAUNCHER_FAILED}")
             enforced["memory"] = "rlimit-as"
         script = "; ".join([*steps, 'exec "$@"'])
         return ["/bin/sh", "-c", script, "flywheel-launch"]
 
 
+DEFAULT_HIDDEN: tuple[Path, ...] = (Path("/run"),)
+"""Hidden unless the caller says otherwise: where services put their sockets."""
+
+
+def _isolation_args(bwrap: str) -> list[str]:
+    """The bwrap flags every sandbox gets, before any workspace-specific mount."""
+    args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+    args += ["--remount-ro", "/proc", "--tmpfs", "/tmp"]
+    args += ["--unshare-all", "--die-with-parent", "--new-session"]
+    if os.geteuid() == 0:  # as root, bwrap would keep every capability
+        args += ["--cap-drop", "ALL"]
+    return args
+
+
+def _cover(path: Path) -> list[str]:
+    """Hide a directory behind an empty tmpfs, anything else behind /dev/null."""
+    if path.is_dir():
+        return ["--tmpfs", str(path)]
+    return ["--ro-bind", "/dev/null", str(path)]
+
+
 class BubblewrapSandbox(_CgroupRunner):
     """Commands in bubblewrap (see the module docstring for what that holds).
 
-    ``hide``: host directories replaced by an empty tmpfs inside the sandbox,
-    e.g. the workspace store root so sibling workspaces are invisible. The
-    workspace itself stays visible even when it lies beneath a hidden
-    directory; a hidden directory *inside* the workspace is covered after the
-    workspace is bound. Paths that do not exist on the host are skipped.
+    ``hide``: host directories replaced by an empty tmpfs inside the sandbox
+    (files: by an empty read-only file), e.g. the workspace store root so
+    sibling workspaces are invisible; they come on top of ``hide_defaults``. The workspace itself stays visible even
+    when it lies beneath a hidden directory; a hidden directory *inside* the
+    workspace is covered after the workspace is bound. Paths that do not
+    exist on the host are skipped.
     """
 
-    _isolation = {"filesystem": "bwrap", "network": "bwrap"}
-    _term_spares_launcher = True
+    _isolation: ClassVar[dict[str, str]] = {"filesystem": "bwrap", "network": "bwrap"}
+    _term_spares_launcher: ClassVar[bool] = True
 
     def __init__(
         self,
         *,
         bwrap: str = "bwrap",
         hide: Sequence[Path] = (),
+        hide_defaults: Sequence[Path] = DEFAULT_HIDDEN,
         cgroups: CgroupV1 | None = None,
         kill_grace_s: float = 1.0,
         env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(cgroups, kill_grace_s)
         self.bwrap = shutil.which(bwrap) or bwrap
-        self.hide = tuple(Path(os.path.realpath(h)) for h in hide)
+        hidden = {Path(os.path.realpath(h)) for h in (*hide_defaults, *hide)}
+        self.hide = tuple(sorted(hidden, key=lambda p: (len(p.parts), str(p))))
         self.env = {"PATH": SAFE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
 
     def _argv(self, command: str, cwd: Path) -> list[str]:
-        w = str(cwd)
         if cwd == Path("/"):
             raise ValueError("refusing to make the whole filesystem writable (cwd is /)")
-        outside = [h for h in self.hide if h.exists() and not h.is_relative_to(cwd)]
-        inside = [h for h in self.hide if h.exists() and h != cwd and h.is_relative_to(cwd)]
-        argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        argv += ["--tmpfs", "/tmp"]
-        for h in sorted(outside, key=lambda p: len(p.parts)):
-            argv += ["--tmpfs", str(h)]
+        w = str(cwd)
+        existing = [h for h in self.hide if h.exists() and h != cwd]
+        argv = _isolation_args(self.bwrap)
+        for h in existing:
+            if not h.is_relative_to(cwd):
+                argv += _cover(h)
         argv += ["--bind", w, w]
-        for h in sorted(inside, key=lambda p: len(p.parts)):
-            argv += ["--tmpfs", str(h)]
-        argv += ["--chdir", w, "--unshare-all", "--die-with-parent", "--new-session"]
-        if os.geteuid() == 0:  # as root bwrap would keep every capability
-            argv += ["--cap-drop", "ALL"]
-        argv += ["--clearenv"]
+        for h in existing:
+            if h.is_relative_to(cwd):
+                argv += _cover(h)
+        argv += ["--chdir", w, "--clearenv"]
         for key, value in self.env.items():
             argv += ["--setenv", key, value]
         return [*argv, "--", self.shell, "-c", command]
@@ -246,7 +283,7 @@ class UnsandboxedRunner(_CgroupRunner):
     environment and can read and write anything this user can.
     """
 
-    _isolation = {"filesystem": "none", "network": "none"}
+    _isolation: ClassVar[dict[str, str]] = {"filesystem": "none", "network": "none"}
 
     def __init__(self, *, cgroups: CgroupV1 | None = None, kill_grace_s: float = 1.0) -> None:
         super().__init__(cgroups, kill_grace_s)
@@ -265,7 +302,7 @@ class UnsandboxedRunner(_CgroupRunner):
 
 
 def probe_bwrap(bwrap: str = "bwrap") -> str | None:
-    """None when ``bwrap`` can build a sandbox here, else why not (cached per path)."""
+    """None when ``bwrap`` can build our sandbox here, else why not (cached per path)."""
     if bwrap in _probe_cache:
         return _probe_cache[bwrap]
     path = shutil.which(bwrap)
@@ -273,13 +310,12 @@ def probe_bwrap(bwrap: str = "bwrap") -> str | None:
     if path is None:
         reason = f"{bwrap!r} not found"
     else:
-        argv = [path, "--ro-bind", "/", "/", "--unshare-all", "--die-with-parent"]
-        if os.geteuid() == 0:
-            argv += ["--cap-drop", "ALL"]
         try:
-            proc = subprocess.run([*argv, "true"], capture_output=True, timeout=10)
+            argv = [*_isolation_args(path), "--", "true"]
+            proc = subprocess.run(argv, capture_output=True, timeout=10)
             if proc.returncode != 0:
-                reason = proc.stderr.decode(errors="replace").strip() or f"exit {proc.returncode}"
+                err = proc.stderr.decode(errors="replace").strip()
+                reason = err or f"exit {proc.returncode}"
         except (OSError, subprocess.TimeoutExpired) as exc:
             reason = str(exc)
     _probe_cache[bwrap] = reason

@@ -242,6 +242,7 @@ async def _kill_and_reap(
     proc: subprocess.Popen[bytes], group: CgroupGroup | None, exit_watch: _ExitWatch
 ) -> None:
     deadline = time.monotonic() + _REAP_DEADLINE_S
+    delay = 0.0005  # dying processes linger in cgroup.procs for a moment: back off
     while True:
         _signal_tree(proc, group, signal.SIGKILL)
         empty = group is None or not group.pids()
@@ -250,7 +251,8 @@ async def _kill_and_reap(
         if time.monotonic() > deadline:
             log.error("process tree of pid %d still alive after SIGKILL", proc.pid)
             return
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.02)
 
 
 def _teardown_sync(

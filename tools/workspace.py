@@ -30,6 +30,7 @@ import secrets
 import shutil
 import stat
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,16 +131,20 @@ class WorkspaceStore:
         sha = rev.stdout.strip()
         ws_id, tree = self._new_dir()
         tree.mkdir()
-        archive = subprocess.Popen(["git", "-C", os.fspath(repo), "archive", "--format=tar", sha],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        assert archive.stdout is not None
-        untar = subprocess.run(["tar", "-x", "-f", "-", "-C", os.fspath(tree)],
-                               stdin=archive.stdout, capture_output=True)
-        archive.stdout.close()
-        err = archive.stderr.read() if archive.stderr else b""
-        if archive.wait() != 0 or untar.returncode != 0:
+        with tempfile.TemporaryFile() as err, subprocess.Popen(
+            ["git", "-C", os.fspath(repo), "archive", "--format=tar", sha],
+            stdout=subprocess.PIPE, stderr=err,
+        ) as archive:
+            untar = subprocess.run(["tar", "-x", "-f", "-", "-C", os.fspath(tree)],
+                                   stdin=archive.stdout, capture_output=True)
+            if archive.stdout is not None:
+                archive.stdout.close()
+            ok = archive.wait() == 0 and untar.returncode == 0
+            err.seek(0)
+            message = (err.read() or untar.stderr).decode(errors="replace").strip()
+        if not ok:
             shutil.rmtree(tree.parent, ignore_errors=True)
-            raise WorkspaceError(f"git archive {sha} failed: {(err or untar.stderr).decode(errors='replace')}")
+            raise WorkspaceError(f"git archive {sha} failed: {message}")
         return self._finish(ws_id, tree, None)
 
     def from_snapshot(self, snapshot: Snapshot) -> Workspace:

@@ -34,7 +34,9 @@ class _RecordingSandbox:
     def __init__(self) -> None:
         self.calls: list[tuple[str, Path, SandboxLimits | None]] = []
 
-    async def run(self, command: str, cwd: Path, limits: SandboxLimits | None = None) -> CommandResult:
+    async def run(
+        self, command: str, cwd: Path, limits: SandboxLimits | None = None
+    ) -> CommandResult:
         self.calls.append((command, cwd, limits))
         return CommandResult(
             exit_code=0, signal=None, duration_s=0.0, timed_out=False, truncated=False,
@@ -134,3 +136,17 @@ async def test_empty_command_is_an_error(tmp_path: Path, command: str) -> None:
 async def test_no_sandbox_means_commands_are_disabled(tmp_path: Path) -> None:
     with pytest.raises(ToolError, match="commands are disabled: no sandbox is configured"):
         await RunCommand().run({"command": "ls"}, _ctx(tmp_path, None))
+
+
+@needs_bwrap
+async def test_real_workspace_with_store_hidden(store: Any, workspace: Any, outside: Path) -> None:
+    """Through a real Workspace: files persist, the store's other contents stay invisible."""
+    sibling = store.from_dir(outside)
+    ctx = ToolContext(workspace=workspace, sandbox=BubblewrapSandbox(hide=[store.root]))
+    listing = await RunCommand().run({"command": f"echo made > made.txt; ls -A {store.root}"}, ctx)
+    assert (workspace.root / "made.txt").read_text() == "made\n"
+    assert listing.output.partition("\n")[2].split() == ["ws"]  # no blobs, no snapshots
+    listing = await RunCommand().run({"command": f"ls -A {store.root}/ws"}, ctx)
+    assert listing.output.partition("\n")[2].split() == [workspace.root.parent.name]
+    peek = await RunCommand().run({"command": f"cat {sibling.root}/canary.txt"}, ctx)
+    assert not peek.ok and "CANARY" not in peek.output

@@ -81,8 +81,10 @@ def unique_sleep() -> str:
 
 
 @needs_bwrap
-@pytest.mark.parametrize("target", ["/etc/flywheel-probe", "/root/flywheel-probe", "/usr/flywheel-probe"])
-async def test_writes_outside_workspace_fail(sandbox: BubblewrapSandbox, ws: Path, target: str) -> None:
+@pytest.mark.parametrize("target", ["/etc/fw-probe", "/root/fw-probe", "/usr/fw-probe"])
+async def test_writes_outside_workspace_fail(
+    sandbox: BubblewrapSandbox, ws: Path, target: str
+) -> None:
     r = await sandbox.run(f"echo pwned > {target}", ws)
     assert r.exit_code != 0
     assert not Path(target).exists()
@@ -111,6 +113,82 @@ async def test_tmp_is_discarded_between_calls(sandbox: BubblewrapSandbox, ws: Pa
 
 
 @needs_bwrap
+async def test_host_sysctls_are_read_only(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    # Rewrites the current value (idempotent even if the write went through).
+    before = Path("/proc/sys/kernel/core_pattern").read_text()
+    r = await sandbox.run("cat /proc/sys/kernel/core_pattern > /proc/sys/kernel/core_pattern", ws)
+    assert r.exit_code != 0 and "Read-only file system" in r.output
+    assert Path("/proc/sys/kernel/core_pattern").read_text() == before
+
+
+@needs_bwrap
+async def test_run_is_hidden(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    r = await sandbox.run("ls -A /run", ws)
+    assert r.exit_code == 0 and r.output == ""
+
+
+def _connect_unix(path: Path) -> str:
+    code = f"import socket; socket.socket(socket.AF_UNIX).connect({str(path)!r})"
+    return f"{sys.executable} -c \"{code}\" && echo CONNECTED"
+
+
+@needs_bwrap
+async def test_unix_socket_in_hidden_dir_is_unreachable(cgroups: CgroupV1, ws: Path) -> None:
+    # Filesystem sockets pass through the network namespace: hiding is the defence.
+    (ws / "open").mkdir()
+    (ws / "hidden").mkdir()
+    sb = BubblewrapSandbox(hide=[ws / "hidden"], cgroups=cgroups)
+    with socket.socket(socket.AF_UNIX) as visible, socket.socket(socket.AF_UNIX) as hidden:
+        for sock, path in ((visible, ws / "open" / "s"), (hidden, ws / "hidden" / "s")):
+            sock.bind(str(path))
+            sock.listen(8)
+            sock.settimeout(0.3)
+        control = await sb.run(_connect_unix(ws / "open" / "s"), ws)
+        assert "CONNECTED" in control.output  # the probe can detect a reachable socket
+        r = await sb.run(_connect_unix(ws / "hidden" / "s"), ws)
+        assert "CONNECTED" not in r.output
+        with pytest.raises(TimeoutError):
+            hidden.accept()
+
+
+@needs_bwrap
+async def test_hidden_dir_inside_workspace_is_covered(cgroups: CgroupV1, ws: Path) -> None:
+    (ws / ".private").mkdir()
+    (ws / ".private" / "key").write_text("k3y")
+    sb = BubblewrapSandbox(hide=[ws / ".private"], cgroups=cgroups)
+    r = await sb.run("cat .private/key; echo visible > .private/new", ws)
+    assert "k3y" not in r.output
+    assert not (ws / ".private" / "new").exists()
+
+
+@needs_bwrap
+async def test_hidden_file_reads_empty(cgroups: CgroupV1, ws: Path) -> None:
+    (ws / "token").write_text("t0ken")
+    sb = BubblewrapSandbox(hide=[ws / "token"], cgroups=cgroups)
+    r = await sb.run("cat token; echo overwritten > token", ws)
+    assert "t0ken" not in r.output
+    assert (ws / "token").read_text() == "t0ken"
+
+
+@needs_bwrap
+async def test_endless_output_is_killed_at_the_hard_cap(
+    sandbox: BubblewrapSandbox, ws: Path
+) -> None:
+    limits = SandboxLimits(output_bytes=1024, kill_output_bytes=8 << 20, timeout_s=30)
+    r = await sandbox.run("yes", ws, limits)
+    assert r.output_limit_hit and not r.timed_out and r.truncated
+    assert 8 << 20 < r.output_bytes_total < 64 << 20
+    assert r.duration_s < 10
+
+
+def test_limits_are_validated() -> None:
+    with pytest.raises(ValueError):
+        SandboxLimits(timeout_s=0)
+    with pytest.raises(ValueError):
+        SandboxLimits(max_pids=-1)
+
+
+@needs_bwrap
 async def test_hidden_sibling_workspaces_are_invisible(cgroups: CgroupV1, tmp_path: Path) -> None:
     store = tmp_path / "store"
     (store / "mine").mkdir(parents=True)
@@ -131,10 +209,10 @@ async def test_no_network_to_host_loopback(sandbox: BubblewrapSandbox, ws: Path)
         listener.listen(8)
         listener.settimeout(0.3)
         port = listener.getsockname()[1]
+        py = f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"
         script = (
             f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo BASH-CONNECTED; "
-            f"{sys.executable} -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2)'"
-            " && echo PY-CONNECTED; exit 0"
+            f'{sys.executable} -c "{py}" && echo PY-CONNECTED; exit 0'
         )
         r = await sandbox.run(script, ws, SandboxLimits(timeout_s=10))
         assert "CONNECTED" not in r.output
@@ -164,7 +242,8 @@ async def test_fork_flood_is_capped_by_pids_max(sandbox: BubblewrapSandbox, ws: 
         "print('forked', n, flush=True)\n"
     )
     (ws / "flood.py").write_text(flood)
-    r = await sandbox.run(f"{sys.executable} flood.py", ws, SandboxLimits(timeout_s=20, max_pids=48))
+    limits = SandboxLimits(timeout_s=20, max_pids=48)
+    r = await sandbox.run(f"{sys.executable} flood.py", ws, limits)
     assert r.enforced["pids"] == "cgroup"
     assert not r.timed_out
     forked = int(r.output.split("forked", 1)[1].split()[0])
@@ -188,7 +267,8 @@ async def test_sigterm_ignoring_command_dies_at_timeout(
     sandbox: BubblewrapSandbox, cgroups: CgroupV1, ws: Path
 ) -> None:
     marker = unique_sleep()
-    r = await sandbox.run(f"trap '' TERM; sleep {marker}; echo never", ws, SandboxLimits(timeout_s=1.5))
+    command = f"trap '' TERM; sleep {marker}; echo never"
+    r = await sandbox.run(command, ws, SandboxLimits(timeout_s=1.5))
     assert r.timed_out
     assert 1.5 <= r.duration_s < 1.5 + sandbox.kill_grace_s + 1.5
     assert "never" not in r.output
@@ -197,13 +277,14 @@ async def test_sigterm_ignoring_command_dies_at_timeout(
 
 
 @needs_bwrap
-async def test_huge_output_is_truncated_with_bounded_memory(sandbox: BubblewrapSandbox, ws: Path) -> None:
+async def test_huge_output_is_truncated_with_bounded_memory(
+    sandbox: BubblewrapSandbox, ws: Path
+) -> None:
     cap = 4096
+    limits = SandboxLimits(output_bytes=cap, timeout_s=30)
     tracemalloc.start()
     try:
-        r = await sandbox.run(
-            "head -c 100000000 /dev/zero | tr '\\0' x", ws, SandboxLimits(output_bytes=cap, timeout_s=30)
-        )
+        r = await sandbox.run("head -c 100000000 /dev/zero | tr '\\0' x", ws, limits)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -244,7 +325,9 @@ async def test_cancellation_kills_the_tree(
 
 
 @needs_bwrap
-async def test_exit_code_duration_and_merged_output(sandbox: BubblewrapSandbox, ws: Path) -> None:
+async def test_exit_code_duration_and_merged_output(
+    sandbox: BubblewrapSandbox, ws: Path
+) -> None:
     r = await sandbox.run("echo out; echo err >&2; sleep 0.2; exit 7", ws)
     assert r.exit_code == 7 and r.signal is None and not r.timed_out
     assert r.output == "out\nerr\n"
@@ -259,7 +342,9 @@ async def test_exit_code_duration_and_merged_output(sandbox: BubblewrapSandbox, 
 
 
 @needs_bwrap
-async def test_environment_is_cleared(sandbox: BubblewrapSandbox, ws: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_environment_is_cleared(
+    sandbox: BubblewrapSandbox, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FLYWHEEL_TEST_SECRET", "hunter2")
     r = await sandbox.run("env", ws)
     assert "hunter2" not in r.output
@@ -267,7 +352,7 @@ async def test_environment_is_cleared(sandbox: BubblewrapSandbox, ws: Path, monk
 
 
 @needs_bwrap
-async def test_without_cgroups_the_fallback_is_recorded(ws: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_without_cgroups_the_fallback_is_recorded(ws: Path) -> None:
     sb = BubblewrapSandbox(cgroups=CgroupV1.disabled())
     r = await sb.run("echo ok", ws)
     assert r.exit_code == 0 and r.output == "ok\n"
@@ -298,9 +383,10 @@ def test_make_sandbox_refuses_without_bwrap() -> None:
 
 
 def test_make_sandbox_opt_out_gives_unsandboxed_runner() -> None:
-    assert isinstance(make_sandbox(bwrap="/nonexistent/bwrap", allow_unsandboxed=True), UnsandboxedRunner)
+    missing = "/nonexistent/bwrap"
+    assert isinstance(make_sandbox(bwrap=missing, allow_unsandboxed=True), UnsandboxedRunner)
     env = {"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"}
-    assert isinstance(make_sandbox(bwrap="/nonexistent/bwrap", environ=env), UnsandboxedRunner)
+    assert isinstance(make_sandbox(bwrap=missing, environ=env), UnsandboxedRunner)
 
 
 @needs_bwrap

@@ -1,0 +1,110 @@
+"""Overhead of a sandboxed ``true`` over a bare subprocess ``true``.
+
+Runs are interleaved (bare, sandboxed, sandboxed-without-cgroups, repeat) so
+that drift in machine load hits every variant alike. The bare baseline is an
+asyncio subprocess; the sandboxed runs go through ``BubblewrapSandbox.run``
+(launcher shell, cgroup create/join/remove, bwrap namespaces, teardown).
+
+Prints one JSON object on the last line and writes it to
+``benchmarks/results/sandbox.json``. Usage: ``.venv/bin/python benchmarks/sandbox.py [runs]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tools.cgroups import CgroupV1  # noqa: E402
+from tools.sandbox import BubblewrapSandbox, probe_bwrap  # noqa: E402
+
+
+def _pct(samples: list[float], q: float) -> float:
+    """Nearest-rank percentile, in milliseconds."""
+    ordered = sorted(samples)
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
+    return round(ordered[rank] * 1000, 3)
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": _pct(samples, 50),
+        "p99_ms": _pct(samples, 99),
+        "mean_ms": round(statistics.fmean(samples) * 1000, 3),
+        "min_ms": round(min(samples) * 1000, 3),
+    }
+
+
+async def _bare() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "true", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    if await proc.wait() != 0:
+        raise RuntimeError("bare true failed")
+
+
+async def _boxed(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    result = await sandbox.run("true", ws)
+    if result.exit_code != 0:
+        raise RuntimeError(f"sandboxed true failed: {result}")
+
+
+async def main(runs: int) -> dict[str, object]:
+    reason = probe_bwrap()
+    if reason is not None:
+        raise SystemExit(f"bubblewrap unusable: {reason}")
+    with tempfile.TemporaryDirectory(prefix="fw-bench-") as tmp:
+        ws = Path(tmp)
+        full = BubblewrapSandbox()
+        no_cg = BubblewrapSandbox(cgroups=CgroupV1.disabled())
+        variants = {
+            "bare": lambda: _bare(),
+            "sandbox": lambda: _boxed(full, ws),
+            "sandbox_no_cgroups": lambda: _boxed(no_cg, ws),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in variants}
+        for _ in range(3):  # warm-up: page cache, first-run costs
+            for run in variants.values():
+                await run()
+        for _ in range(runs):
+            for name, run in variants.items():
+                t0 = time.perf_counter()
+                await run()
+                samples[name].append(time.perf_counter() - t0)
+        enforced = (await full.run("true", ws)).enforced
+    stats = {name: _summary(s) for name, s in samples.items()}
+    return {
+        "benchmark": "sandbox_overhead_true",
+        "runs_each": runs,
+        "bare": stats["bare"],
+        "sandbox": stats["sandbox"],
+        "sandbox_no_cgroups": stats["sandbox_no_cgroups"],
+        "overhead_p50_ms": round(stats["sandbox"]["p50_ms"] - stats["bare"]["p50_ms"], 3),
+        "overhead_p99_ms": round(stats["sandbox"]["p99_ms"] - stats["bare"]["p99_ms"], 3),
+        "enforced": enforced,
+        "host": {
+            "kernel": platform.release(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+    }
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.ERROR)
+    report = asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 50))
+    out = REPO / "benchmarks" / "results" / "sandbox.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report))
