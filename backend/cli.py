@@ -93,7 +93,7 @@ async def _run(args: argparse.Namespace) -> int:
     from backend.transcript import Transcript
     from tools.registry import default_tools
     from tools.sandbox import SandboxUnavailable, make_sandbox
-    from tools.workspace import WorkspaceStore
+    from tools.workspace import WorkspaceError, WorkspaceStore
 
     demo = args.workspace is None and args.git is None
     request = args.request
@@ -130,7 +130,7 @@ async def _run(args: argparse.Namespace) -> int:
             if not src.is_dir():
                 raise CliError(f"--workspace {src} is not a directory")
             workspace = store.from_dir(src)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, WorkspaceError) as exc:
         raise CliError(f"could not create the workspace: {exc}") from None
 
     out = sys.stdout

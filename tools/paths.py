@@ -358,6 +358,7 @@ def write_bytes_beneath(
     mode: int | None = None,
     follow_symlink: bool = True,
     make_parents: bool = True,
+    durable: bool = True,
     _depth: int = 0,
 ) -> WriteOutcome:
     """Create or atomically replace the regular file ``rel`` beneath ``root``.
@@ -365,7 +366,8 @@ def write_bytes_beneath(
     If ``rel`` is a symlink (and ``follow_symlink``), the link's resolved target
     is written instead, provided it stays in the workspace; a dangling
     relative link is followed to create its target. ``mode`` defaults to the
-    existing file's permissions, or 0o644 for a new file. Not guaranteed: the
+    existing file's permissions, or 0o644 for a new file. ``durable=False``
+    skips the ``fsync`` calls (still atomic, not crash-durable). Not guaranteed: the
     file's owner, xattrs and hard links to the old inode are not preserved.
     """
     norm = normalize(rel)
@@ -395,21 +397,22 @@ def write_bytes_beneath(
                         f"path {rel!r} escapes the workspace (it is a symlink to an absolute path)"
                     ) from None
                 target_rel = posixpath.join(real_parent, link)
-            return write_bytes_beneath(root, target_rel, data, mode=mode, _depth=_depth + 1)
+            return write_bytes_beneath(root, target_rel, data, mode=mode, durable=durable,
+                                       _depth=_depth + 1)
         if st is not None and stat.S_ISDIR(st.st_mode):
             raise PathTypeError(f"{norm!r} is a directory; cannot write file content to it")
         if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISLNK(st.st_mode):
             raise PathTypeError(f"{norm!r} is not a regular file")
         if mode is None:
             mode = stat.S_IMODE(st.st_mode) if st is not None and stat.S_ISREG(st.st_mode) else 0o644
-        _atomic_write(parent, name, data, mode)
+        _atomic_write(parent, name, data, mode, durable)
         return WriteOutcome(path=posixpath.join(fd_relpath(root, parent), name).removeprefix("./"),
                             created=st is None)
     finally:
         os.close(parent)
 
 
-def _atomic_write(parent_fd: int, name: str, data: bytes, mode: int) -> None:
+def _atomic_write(parent_fd: int, name: str, data: bytes, mode: int, durable: bool) -> None:
     tmp = f".fw-tmp-{secrets.token_hex(8)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600, dir_fd=parent_fd)
@@ -419,7 +422,8 @@ def _atomic_write(parent_fd: int, name: str, data: bytes, mode: int) -> None:
             while view:
                 view = view[os.write(fd, view):]
             os.fchmod(fd, mode)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, name, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
@@ -429,6 +433,8 @@ def _atomic_write(parent_fd: int, name: str, data: bytes, mode: int) -> None:
         except FileNotFoundError:
             pass
         raise
+    if not durable:
+        return
     dir_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=parent_fd)
     try:
         os.fsync(dir_fd)

@@ -253,7 +253,8 @@ class BubblewrapSandbox(_CgroupRunner):
         self.bwrap = shutil.which(bwrap) or bwrap
         hidden = {Path(os.path.realpath(h)) for h in (*hide_defaults, *hide)}
         self.hide = tuple(sorted(hidden, key=lambda p: (len(p.parts), str(p))))
-        self.env = {"PATH": SAFE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **(env or {})}
+        # No .pyc files in the workspace: they would clutter every diff.
+        self.env = {"PATH": SAFE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
 
     def _argv(self, command: str, cwd: Path) -> list[str]:
         if cwd == Path("/"):

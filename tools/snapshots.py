@@ -18,16 +18,19 @@ import enum
 import hashlib
 import json
 import os
+import posixpath
 import re
 import secrets
+import shutil
 import stat
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from tools.diffs import MODE_EXEC, MODE_FILE, MODE_LINK
+from tools.paths import O_PATH, open_beneath, write_bytes_beneath
 
 MANIFEST_VERSION = 1
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
@@ -217,3 +220,81 @@ def build_manifest(
                 EntryKind.FILE, sha256=sha, executable=bool(mode & 0o100), size=len(data)
             )
     return manifest
+
+
+def restore_tree(root: str | os.PathLike[str], snapshot: Snapshot, blobs: BlobStore) -> None:
+    """Make the tree at ``root`` exactly equal to ``snapshot``.
+
+    Extras and wrong-kind entries are removed first (``unlink``/fd-based
+    ``rmtree`` relative to their parent's fd, so a symlink is removed, never
+    followed); then directories, symlinks and files are created or rewritten
+    in path order, each relative to a parent resolved with no symlinks allowed.
+    Unchanged files (same size and hash) are left alone.
+    """
+    want = snapshot.manifest
+    for sha in {e.sha256 for e in want.values() if e.sha256}:
+        if not blobs.has(sha):
+            raise SnapshotError(f"cannot restore {snapshot.id}: blob {sha} is missing")
+    have: dict[str, ManifestEntry] = {}
+    for item in scan_tree(root):  # a removed directory is not descended into
+        cur = _entry_of(item)
+        target = want.get(item.path)
+        if target is None or cur is None or cur.kind is not target.kind:
+            if stat.S_ISDIR(item.st.st_mode):
+                shutil.rmtree(item.name, dir_fd=item.dir_fd)
+            else:
+                os.unlink(item.name, dir_fd=item.dir_fd)
+            continue
+        if cur.kind is EntryKind.FILE and cur.size == target.size:
+            data = read_item(item)
+            cur = ManifestEntry(EntryKind.FILE, sha256=hashlib.sha256(data).hexdigest(),
+                                executable=cur.executable, size=len(data))
+        have[item.path] = cur
+    for path, entry in want.items():  # sorted, so a directory comes before its children
+        cur = have.get(path)
+        if entry.kind is EntryKind.DIR and cur is None:
+            _at_parent(root, path, lambda fd, name: os.mkdir(name, 0o755, dir_fd=fd))
+        elif entry.kind is EntryKind.SYMLINK and (cur is None or cur.target != entry.target):
+            _at_parent(root, path, lambda fd, name, t=entry.target or "": _replace_link(fd, name, t))
+        elif entry.kind is EntryKind.FILE and entry.sha256 is not None:
+            mode = 0o755 if entry.executable else 0o644
+            if cur is not None and cur.sha256 == entry.sha256:
+                if cur.executable != entry.executable:
+                    _at_parent(root, path, lambda fd, name, m=mode: _chmod(fd, name, m))
+                continue
+            write_bytes_beneath(root, path, blobs.get(entry.sha256), mode=mode,
+                                follow_symlink=False, make_parents=False, durable=False)
+
+
+def _entry_of(item: TreeItem) -> ManifestEntry | None:
+    mode = item.st.st_mode
+    if stat.S_ISDIR(mode):
+        return ManifestEntry(EntryKind.DIR)
+    if stat.S_ISLNK(mode):
+        return ManifestEntry(EntryKind.SYMLINK, target=os.readlink(item.name, dir_fd=item.dir_fd))
+    if stat.S_ISREG(mode):
+        return ManifestEntry(EntryKind.FILE, executable=bool(mode & 0o100), size=item.st.st_size)
+    return None
+
+
+def _at_parent(root: str | os.PathLike[str], path: str, op: Callable[[int, str], None]) -> None:
+    parent, name = posixpath.split(path)
+    fd = open_beneath(root, parent or ".", O_PATH | os.O_DIRECTORY, no_symlinks=True)
+    try:
+        op(fd, name)
+    finally:
+        os.close(fd)
+
+
+def _replace_link(dir_fd: int, name: str, target: str) -> None:
+    tmp = f".fw-link-{secrets.token_hex(8)}"
+    os.symlink(target, tmp, dir_fd=dir_fd)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def _chmod(dir_fd: int, name: str, mode: int) -> None:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)

@@ -21,17 +21,14 @@ concurrent writer (a running command) during ``restore`` or ``snapshot``;
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import posixpath
 import re
 import secrets
 import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -39,7 +36,6 @@ from types import TracebackType
 from tools.base import FileEdit
 from tools.diffs import MODE_EXEC, MODE_FILE, ChangeEntry, ChangeKind, unified_diff
 from tools.paths import (
-    O_PATH,
     PathNotFoundError,
     PathTypeError,
     normalize,
@@ -55,10 +51,8 @@ from tools.snapshots import (
     ManifestEntry,
     Snapshot,
     SnapshotError,
-    TreeItem,
     build_manifest,
-    read_item,
-    scan_tree,
+    restore_tree,
 )
 
 __all__ = [
@@ -228,50 +222,7 @@ class Workspace:
 
     def restore(self, snapshot: Snapshot) -> None:
         """Make the tree exactly equal to ``snapshot`` (never following a link while deleting)."""
-        want = snapshot.manifest
-        for sha in {e.sha256 for e in want.values() if e.sha256}:
-            if not self.store.blobs.has(sha):
-                raise SnapshotError(f"cannot restore {snapshot.id}: blob {sha} is missing")
-        have: dict[str, ManifestEntry | None] = {}
-        removed: list[str] = []
-        for item in scan_tree(self.root):
-            if any(item.path.startswith(r + "/") for r in removed[-1:]):
-                continue
-            cur = _entry_of(item)
-            target = want.get(item.path)
-            if target is None or cur is None or cur.kind is not target.kind:
-                if stat.S_ISDIR(item.st.st_mode):
-                    shutil.rmtree(item.name, dir_fd=item.dir_fd)
-                    removed.append(item.path)
-                else:
-                    os.unlink(item.name, dir_fd=item.dir_fd)
-                continue
-            if cur.kind is EntryKind.FILE and cur.size == target.size:
-                cur = _with_hash(cur, read_item(item))
-            have[item.path] = cur
-        for path, entry in want.items():  # sorted: parents come before children
-            cur = have.get(path)
-            if entry.kind is EntryKind.DIR and cur is None:
-                self._at_parent(path, lambda fd, name: os.mkdir(name, 0o755, dir_fd=fd))
-            elif entry.kind is EntryKind.SYMLINK and (cur is None or cur.target != entry.target):
-                self._at_parent(path, lambda fd, name, t=entry.target: _replace_link(fd, name, t))
-            elif entry.kind is EntryKind.FILE:
-                mode = 0o755 if entry.executable else 0o644
-                if cur is not None and cur.sha256 == entry.sha256:
-                    if cur.executable != entry.executable:
-                        self._at_parent(path, lambda fd, name, m=mode: _chmod(fd, name, m))
-                    continue
-                assert entry.sha256 is not None
-                write_bytes_beneath(self.root, path, self.store.blobs.get(entry.sha256), mode=mode,
-                                    follow_symlink=False, make_parents=False)
-
-    def _at_parent(self, path: str, op: Callable[[int, str], None]) -> None:
-        parent, name = posixpath.split(path)
-        fd = open_beneath(self.root, parent or ".", O_PATH | os.O_DIRECTORY, no_symlinks=True)
-        try:
-            op(fd, name)
-        finally:
-            os.close(fd)
+        restore_tree(self.root, snapshot, self.store.blobs)
 
     def changed_paths(self, base: Snapshot | None = None) -> list[ChangeEntry]:
         """Files and symlinks that differ from ``base`` (default: the starting snapshot)."""
@@ -390,37 +341,6 @@ class Workspace:
             return sorted(out, key=lambda d: d.name)
         finally:
             os.close(fd)
-
-
-def _entry_of(item: TreeItem) -> ManifestEntry | None:
-    st = item.st
-    if stat.S_ISDIR(st.st_mode):
-        return ManifestEntry(EntryKind.DIR)
-    if stat.S_ISLNK(st.st_mode):
-        target = os.readlink(item.name, dir_fd=item.dir_fd)
-        return ManifestEntry(EntryKind.SYMLINK, target=target)
-    if stat.S_ISREG(st.st_mode):
-        return ManifestEntry(EntryKind.FILE, executable=bool(st.st_mode & 0o100), size=st.st_size)
-    return None
-
-
-def _with_hash(entry: ManifestEntry, data: bytes) -> ManifestEntry:
-    return ManifestEntry(EntryKind.FILE, sha256=hashlib.sha256(data).hexdigest(),
-                         executable=entry.executable, size=len(data))
-
-
-def _replace_link(dir_fd: int, name: str, target: str | None) -> None:
-    tmp = f".fw-link-{secrets.token_hex(8)}"
-    os.symlink(target or "", tmp, dir_fd=dir_fd)
-    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-
-
-def _chmod(dir_fd: int, name: str, mode: int) -> None:
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        os.fchmod(fd, mode)
-    finally:
-        os.close(fd)
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
