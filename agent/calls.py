@@ -2,7 +2,9 @@
 
 The validator reads the same :class:`tools.base.ToolSpec` objects that
 ``agent.prompt`` turns into tool descriptions, so what the model is told and
-what is accepted cannot drift apart. Every failure becomes a
+what is accepted cannot drift apart. Each call is also built as an lxml
+element and checked against a RELAX NG grammar generated from its spec
+(``agent.schema``); a call is accepted only if both agree. Every failure becomes a
 :class:`CallRejected` whose message names what was wrong and shows the
 expected form; nothing here raises on model input.
 
@@ -21,11 +23,11 @@ from typing import Any
 from lxml import etree
 
 from agent.parser import MalformedCall, ParsedCall, encode_call
+from agent.schema import FALSE_VALUES, TRUE_VALUES, XML_SPACE, conforms
 from tools.base import ParamSpec, ParamType, ToolResult, ToolSpec
 
-_TRUE = {"true", "yes", "1", "on"}
-_FALSE = {"false", "no", "0", "off"}
-_INT = re.compile(r"[+-]?\d{1,18}")
+_INT = re.compile(r"[+-]?[0-9]+")
+_LONG = range(-(2**63), 2**63)
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
@@ -57,17 +59,17 @@ def example_call(spec: ToolSpec) -> str:
 def _coerce(param: ParamSpec, raw: str) -> tuple[Any, str | None]:
     if param.type is ParamType.TEXT:
         return raw, None
-    value = raw.strip()
     if param.type is ParamType.STRING:
-        return value, None
+        return raw.strip(), None
+    value = raw.strip(XML_SPACE)
     if param.type is ParamType.INTEGER:
-        if _INT.fullmatch(value):
+        if _INT.fullmatch(value) and len(value) <= 20 and int(value) in _LONG:
             return int(value), None
         return None, f"parameter {param.name!r} must be an integer, got {value[:40]!r}"
     if param.type is ParamType.BOOLEAN:
-        if value.lower() in _TRUE:
+        if value in TRUE_VALUES:
             return True, None
-        if value.lower() in _FALSE:
+        if value in FALSE_VALUES:
             return False, None
         return None, f"parameter {param.name!r} must be true or false, got {value[:40]!r}"
     raise AssertionError(param.type)  # pragma: no cover
@@ -107,6 +109,9 @@ def validate_call(
     missing = [p.name for p in spec.params if p.required and p.name not in seen]
     if missing:
         problems.append("missing required parameter(s): " + ", ".join(missing))
+    conform, lxml_message = conforms(spec, parsed.params)
+    if not problems and not conform:  # fail closed if the grammar disagrees
+        problems.append(f"does not match the schema: {lxml_message}")
     if problems:
         message = (
             f"invalid call to {spec.name}: " + "; ".join(problems)

@@ -65,3 +65,34 @@ def test_results_serialise_in_order_and_survive_hostile_output() -> None:
     first, second = root
     assert first.get("status") == "ok" and first.text.strip() == "<tag> & stuff"
     assert second.get("status") == "error" and "]]>" in second.text and "\ufffd" in second.text
+
+
+# -- the RELAX NG grammar and the validator agree -------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from agent.schema import conforms, grammar_element  # noqa: E402
+from tools.registry import default_tools  # noqa: E402
+
+_values = st.one_of(
+    st.sampled_from(["1", " 42\n", "-7", "+3", "x", "", "1.5", "true", "False", "YES", "tRuE", "off", " 0 ",
+                     "99999999999999999999", "\x00", "٣", "a.py", "<b>&"]),
+    st.text(max_size=8),
+)
+
+
+@settings(max_examples=500)
+@given(st.lists(st.tuples(st.sampled_from(["path", "start_line", "numbers", "note", "other"]), _values),
+                max_size=5))
+def test_property_grammar_and_validator_agree(params) -> None:
+    verdict = check(*params)
+    ok, _ = conforms(SPEC, tuple(params))
+    assert isinstance(verdict, ToolCall) == ok, (params, verdict)
+
+
+def test_grammars_compile_for_every_builtin_tool() -> None:
+    for tool in default_tools():
+        assert grammar_element(tool.spec).get("name") == "tool_call"
+        ok, message = conforms(tool.spec, ())
+        assert ok == (not any(p.required for p in tool.spec.params)), message
