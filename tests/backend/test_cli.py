@@ -1,0 +1,109 @@
+"""The ``flywheel`` command line, run as a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.events import event_from_json
+from agent.parser import encode_call
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
+
+
+def flywheel(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "NO_COLOR": "1", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "backend.cli", *args], capture_output=True, text=True, timeout=timeout, env=full_env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
+def test_help_lists_run() -> None:
+    r = flywheel("--help")
+    assert r.returncode == 0 and "run" in r.stdout
+
+
+@needs_bwrap
+def test_demo_fixes_the_bug_and_prints_transcript() -> None:
+    r = flywheel("run")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "▶ run_command" in out and "✎ stats.py" in out
+    assert "FAIL: test_mean" in out and "turn ended: completed" in out
+    assert "+    return sum(values) / len(values)" in out
+    assert ".pyc" not in out  # the sandbox keeps bytecode out of the workspace diff
+
+
+@needs_bwrap
+def test_json_mode_prints_valid_ordered_events() -> None:
+    r = flywheel("run", "--json")
+    assert r.returncode == 0, r.stderr
+    events = [event_from_json(line) for line in r.stdout.splitlines()]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[0].type == "user_message" and events[-1].type == "turn_end"
+    assert any(e.type == "file_edit" for e in events)
+
+
+def test_own_workspace_with_script_and_original_untouched(tmp_path: Path) -> None:
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "a.txt").write_text("old\n")
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([encode_call("edit_file", {"path": "a.txt", "search": "old", "replace": "new"}), "ok"]))
+    r = flywheel("run", "--workspace", str(src), "--policy", f"scripted:{script}", "change it",
+                 env={"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"} if shutil.which("bwrap") is None else None)
+    assert r.returncode == 0, r.stderr
+    assert "-old" in r.stdout and "+new" in r.stdout
+    assert (src / "a.txt").read_text() == "old\n"
+
+
+def test_git_workspace_at_commit(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "f.txt").write_text("one\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "1"], check=True)
+    first = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (repo / "f.txt").write_text("two\n")
+    subprocess.run([*git, "commit", "-qam", "2"], check=True)
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([encode_call("read_file", {"path": "f.txt"}), "done"]))
+    r = flywheel("run", "--git", str(repo), "--commit", first, "--policy", f"scripted:{script}", "--json", "read",
+                 env={"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"} if shutil.which("bwrap") is None else None)
+    assert r.returncode == 0, r.stderr
+    results = [e for e in map(event_from_json, r.stdout.splitlines()) if e.type == "tool_result"]
+    assert "one" in results[0].output and "two" not in results[0].output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["run", "--workspace", "/nonexistent/dir", "--policy", "scripted:backend/demo/script.json", "hi"],
+         "is not a directory"),
+        (["run", "--workspace", ".", "--policy", "scripted:missing.json", "hi"], "script file not found"),
+        (["run", "--workspace", ".", "--policy", "gpt5", "hi"], "unknown policy 'gpt5'"),
+        (["run", "--workspace", ".", "hi"], "choose a policy"),
+        (["run", "--git", "/tmp", "--commit", "deadbeef", "--policy", "openai", "hi"], "could not create the workspace"),
+    ],
+)
+def test_bad_input_gets_a_clear_error_without_traceback(args: list[str], message: str) -> None:
+    r = flywheel(*args, env={"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"} if shutil.which("bwrap") is None else None)
+    assert r.returncode != 0
+    assert message in r.stderr.lower() or message in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_model_server_down_is_reported() -> None:
+    r = flywheel("run", "--workspace", ".", "--policy", "openai", "--base-url", "http://127.0.0.1:9/v1", "hi",
+                 env={"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"} if shutil.which("bwrap") is None else None)
+    assert r.returncode == 1
+    assert "cannot reach the OpenAI-compatible server" in r.stdout + r.stderr
