@@ -6,9 +6,9 @@ import asyncio
 import logging
 import os
 import secrets
+import shutil
 import socket
 import subprocess
-import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -17,6 +17,7 @@ import pytest
 
 from tools.cgroups import CgroupV1
 from tools.sandbox import (
+    SAFE_PATH,
     BubblewrapSandbox,
     SandboxLimits,
     SandboxUnavailable,
@@ -24,6 +25,9 @@ from tools.sandbox import (
     make_sandbox,
     probe_bwrap,
 )
+
+# A python the sandbox can see (the venv may live under the host /tmp, which is hidden).
+SANDBOX_PYTHON = shutil.which("python3", path=SAFE_PATH) or "python3"
 
 _BWRAP_MISSING = probe_bwrap()
 needs_bwrap = pytest.mark.skipif(
@@ -129,7 +133,7 @@ async def test_run_is_hidden(sandbox: BubblewrapSandbox, ws: Path) -> None:
 
 def _connect_unix(path: Path) -> str:
     code = f"import socket; socket.socket(socket.AF_UNIX).connect({str(path)!r})"
-    return f"{sys.executable} -c \"{code}\" && echo CONNECTED"
+    return f"{SANDBOX_PYTHON} -c \"{code}\" && echo CONNECTED"
 
 
 @needs_bwrap
@@ -209,12 +213,14 @@ async def test_no_network_to_host_loopback(sandbox: BubblewrapSandbox, ws: Path)
         listener.listen(8)
         listener.settimeout(0.3)
         port = listener.getsockname()[1]
-        py = f"import socket; socket.create_connection(('127.0.0.1', {port}), 2)"
-        script = (
-            f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo BASH-CONNECTED; "
-            f'{sys.executable} -c "{py}" && echo PY-CONNECTED; exit 0'
+        py = (
+            "import socket\ntry:\n    socket.create_connection(('127.0.0.1', %d), 2)\n"
+            "    print('PY-CONNECTED')\nexcept OSError as e:\n    print('PY-REFUSED', e)\n" % port
         )
+        (ws / "probe.py").write_text(py)
+        script = f"exec 3<>/dev/tcp/127.0.0.1/{port} && echo BASH-CONNECTED; {SANDBOX_PYTHON} probe.py; exit 0"
         r = await sandbox.run(script, ws, SandboxLimits(timeout_s=10))
+        assert "PY-REFUSED" in r.output  # the probe really ran, and was refused
         assert "CONNECTED" not in r.output
         with pytest.raises(TimeoutError):
             listener.accept()
@@ -243,7 +249,7 @@ async def test_fork_flood_is_capped_by_pids_max(sandbox: BubblewrapSandbox, ws: 
     )
     (ws / "flood.py").write_text(flood)
     limits = SandboxLimits(timeout_s=20, max_pids=48)
-    r = await sandbox.run(f"{sys.executable} flood.py", ws, limits)
+    r = await sandbox.run(f"{SANDBOX_PYTHON} flood.py", ws, limits)
     assert r.enforced["pids"] == "cgroup"
     assert not r.timed_out
     forked = int(r.output.split("forked", 1)[1].split()[0])
@@ -253,7 +259,7 @@ async def test_fork_flood_is_capped_by_pids_max(sandbox: BubblewrapSandbox, ws: 
 
 @needs_bwrap
 async def test_memory_hog_is_killed(sandbox: BubblewrapSandbox, ws: Path) -> None:
-    hog = f"{sys.executable} -c 'b = b\"x\" * (128 << 20); print(\"survived\")'"
+    hog = f"{SANDBOX_PYTHON} -c 'b = b\"x\" * (128 << 20); print(\"survived\")'"
     r = await sandbox.run(hog, ws, SandboxLimits(memory_bytes=64 << 20, timeout_s=20))
     assert r.enforced["memory"] == "cgroup"
     assert "survived" not in r.output
