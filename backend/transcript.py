@@ -34,6 +34,7 @@ class Transcript:
         self.color = color
         self.max_lines = max_lines
         self._mid_line = False
+        self._after_tool = False  # swallow the newlines the model writes between calls
 
     def _c(self, style: str, text: str) -> str:
         if not self.color:
@@ -47,14 +48,19 @@ class Transcript:
             self._mid_line = False
         self.out.write(text + "\n")
         self.out.flush()
+        self._after_tool = True
 
     def __call__(self, event: Event) -> None:
         if isinstance(event, UserMessage):
             self._line(self._c("bold blue", "you › ") + event.text)
         elif isinstance(event, AssistantDelta):
-            self.out.write(event.text)
+            text = event.text.lstrip("\n") if self._after_tool else event.text
+            if not text:
+                return  # blank lines between tool calls
+            self._after_tool = False
+            self.out.write(text)
             self.out.flush()
-            self._mid_line = not event.text.endswith("\n")
+            self._mid_line = not text.endswith("\n")
         elif isinstance(event, ToolCallStarted):
             if event.valid:
                 self._line(self._c("cyan", f"▶ {event.name}") + " " + _summarise_args(event.args))

@@ -40,10 +40,10 @@ fi
 PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
 
 # 3. torch first, pinned, so nothing later pulls a CUDA build.
-if ! .venv/bin/python -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
+if ! .venv/bin/python -W ignore -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
   say "installing $TORCH_PIN (CPU build)"
   "${PIP[@]}" install "$TORCH_PIN" 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import torch" || { say "ERROR: torch failed to install"; exit 1; }
+  .venv/bin/python -W ignore -c "import torch" || { say "ERROR: torch failed to install"; exit 1; }
 fi
 
 # 4. The project (editable), with test extras when asked. Skipped when nothing changed.
