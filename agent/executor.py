@@ -122,17 +122,16 @@ class Executor:
         if tasks:
             await asyncio.wait(tasks)
 
-    def settled(self, cancelled_message: str) -> list[tuple[str | None, int, ToolResult]]:
-        """After :meth:`cancel`: every call's result in call order, with
-        ``cancelled_message`` for calls that did not finish."""
-        out: list[tuple[str | None, int, ToolResult]] = []
+    def settled(self, cancelled_message: str) -> list[tuple[ToolCall | CallRejected, ToolResult, bool]]:
+        """After :meth:`cancel`: ``(call, result, finished)`` for every call in call
+        order; calls that did not finish get ``cancelled_message`` as an error."""
+        out: list[tuple[ToolCall | CallRejected, ToolResult, bool]] = []
         for index in sorted(self._tasks):
             task = self._tasks[index]
             if task.done() and not task.cancelled() and task.exception() is None:
-                o = task.result()
-                out.append((o.name, index, o.result))
+                out.append((self._calls[index], task.result().result, True))
             else:
-                out.append((self._calls[index].name, index, ToolResult.error(cancelled_message)))
+                out.append((self._calls[index], ToolResult.error(cancelled_message), False))
         return out
 
     def __len__(self) -> int:

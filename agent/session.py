@@ -187,6 +187,7 @@ class Session:
         parser = StreamParser()
         executor = Executor(self.tools, self.ctx, on_result=lambda o: self._on_result(step, o))
         self._executor = executor
+        self._message_emitted = False
         self._open_names: dict[int, str] = {}
         self._text_parts: list[str] = []
         self._visible: list[str] = []
@@ -223,6 +224,7 @@ class Session:
             )
         )
         self.conversation.append(Message("assistant", text))
+        self._message_emitted = True
         outcomes = await executor.results()
         self._executor = None
         if outcomes:
@@ -277,16 +279,28 @@ class Session:
             )
 
     async def _abort_tools(self, why: str) -> None:
-        """Cancel running tools and record what the model had said and done."""
+        """Cancel running tools and record (as events too) what the model had
+        said and done, so the log rebuilds exactly this conversation."""
         executor = self._executor
         self._executor = None
         if executor is None:
             return
         await executor.cancel()
-        self.conversation.append(Message("assistant", "".join(self._text_parts)))
-        results = executor.settled(f"cancelled: {why}")
-        if results:
-            self.conversation.append(Message("tool", render_results(results)))
+        step = self._steps
+        if not self._message_emitted:
+            text = "".join(self._text_parts)
+            await self.emit(AssistantMessage(step=step, text=text, output_tokens=_count(len(text), [], None),
+                                             finish_reason="aborted"))
+            self.conversation.append(Message("assistant", text))
+        settled = executor.settled(f"cancelled: {why}")
+        for call, result, finished in settled:
+            if not finished:
+                await self.emit(ToolResultEvent(step=step, index=call.index, call_id=call.call_id, name=call.name,
+                                                ok=False, output=result.output))
+        if settled:
+            self.conversation.append(
+                Message("tool", render_results([(c.name, c.index, r) for c, r, _ in settled]))
+            )
 
 
 def _count(chars: int, token_ids: list[int], reported: int | None) -> int:

@@ -117,4 +117,5 @@ async def test_cancel_stops_running_tools(tools) -> None:
     assert time.perf_counter() - t0 < 1
     assert tools["r"].cancelled == ["long"]
     settled = ex.settled("cancelled")
-    assert settled[0][2].output == "cancelled" and settled[1][2].ok
+    assert settled[0][1].output == "cancelled" and not settled[0][2]
+    assert settled[1][1].ok and settled[1][2]
