@@ -105,8 +105,12 @@ class Session:
 
     # -- driving -------------------------------------------------------------
 
-    async def run_turn(self, text: str) -> TurnOutcome:
-        """Run one user turn to its end. Raises only if the sink fails."""
+    async def run_turn(self, text: str | None) -> TurnOutcome:
+        """Run one user turn to its end. Raises only if the sink fails.
+
+        ``text=None`` continues from the conversation as it is (a branch taken
+        after a step's tool results) without a new user message.
+        """
         if self._task is not None:
             raise RuntimeError("a turn is already running in this session")
         self._turn += 1
@@ -147,9 +151,10 @@ class Session:
 
     # -- the loop ------------------------------------------------------------
 
-    async def _run_turn(self, text: str) -> TurnOutcome:
-        self.conversation.append(Message("user", text))
-        await self.emit(UserMessage(text=text))
+    async def _run_turn(self, text: str | None) -> TurnOutcome:
+        if text is not None:
+            self.conversation.append(Message("user", text))
+            await self.emit(UserMessage(text=text))
         await self.emit(TurnStarted())
         self._steps = 0
         self._tokens = 0

@@ -13,6 +13,11 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from backend.db.log import SessionLog
+    from backend.settings import Settings
 
 DEMO_DIR = Path(__file__).with_name("demo")
 
@@ -49,6 +54,36 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_run)
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve", help="start the API server (FastAPI on uvicorn)",
+        description="Start the server. Settings come from FLYWHEEL_* env vars (see backend/settings.py); "
+        "flags override them. On a loopback address with no token yet, a staff token named 'local' is "
+        "created and printed.",
+    )
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8421; 0 picks a free one)")
+    p.add_argument("--db", help="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db (default: SQLite)")
+    p.add_argument("--data-dir", type=Path, help="database, workspaces and snapshots")
+    p.add_argument("--allow-root", action="append", type=Path, default=None,
+                   help="directory sessions may copy workspaces from (repeatable; default: the demo)")
+    p.add_argument("--openai-base-url", help="OpenAI-compatible model server for policy 'openai'")
+    p.add_argument("--openai-model", help="default model name for policy 'openai'")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=_cmd_serve)
+
+
+def _add_token(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("token", help="manage API tokens")
+    tsub = p.add_subparsers(dest="token_command", metavar="ACTION", required=True)
+    c = tsub.add_parser("create", help="create a token (printed once; stored hashed)")
+    c.add_argument("--name", required=True)
+    c.add_argument("--role", choices=["user", "staff"], default="user")
+    c.add_argument("--db", help="SQLAlchemy URL (default: the server's SQLite file)")
+    c.add_argument("--data-dir", type=Path)
+    c.set_defaults(func=_cmd_token_create)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flywheel",
@@ -56,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
+    _add_serve(sub)
+    _add_token(sub)
     return parser
 
 
@@ -164,6 +201,80 @@ async def _run(args: argparse.Namespace) -> int:
         workspace.close()
         tmp.cleanup()
     return 0 if outcome.reason == "completed" else 1
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    from backend.settings import Settings
+
+    overrides = {
+        "host": getattr(args, "host", None), "port": getattr(args, "port", None), "db_url": getattr(args, "db", None),
+        "data_dir": getattr(args, "data_dir", None), "allowed_roots": getattr(args, "allow_root", None),
+        "openai_base_url": getattr(args, "openai_base_url", None), "openai_model": getattr(args, "openai_model", None),
+    }
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def _open_log(settings: Settings) -> SessionLog:
+    from backend.db.engine import make_engine, migrate
+    from backend.db.log import SessionLog
+
+    engine = make_engine(settings.database_url)
+    migrate(engine)
+    return SessionLog(engine)
+
+
+def _cmd_token_create(args: argparse.Namespace) -> int:
+    from backend.db.log import TokenError
+
+    log = _open_log(_settings(args))
+    try:
+        token = log.create_token(args.name, args.role)
+    except TokenError as exc:
+        print(f"flywheel token create: {exc}", file=sys.stderr)
+        return 1
+    print(token)
+    print(f"(token for {args.name!r}, role {args.role}; it is shown only now)", file=sys.stderr)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import socket
+
+    import uvicorn
+
+    from backend.app import create_app
+    from backend.settings import InsecureSettings
+
+    settings = _settings(args)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    log = _open_log(settings)
+    token_file = settings.data_dir / "local-token"
+    if settings.is_loopback and log.token_count() == 0:
+        token = log.create_token("local", "staff")
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+    try:
+        settings.check_secure(token_count=log.token_count())
+    except InsecureSettings as exc:
+        print(f"flywheel serve: {exc}", file=sys.stderr)
+        return 1
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((settings.host, settings.port))
+    except OSError as exc:
+        print(f"flywheel serve: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
+        return 1
+    port = sock.getsockname()[1]
+    url = f"http://{settings.host}:{port}"
+    print(f"Flywheel is serving at {url}  (API docs: {url}/docs)", flush=True)
+    if token_file.exists():
+        print(f"token: {token_file.read_text().strip()}  (staff; stored in {token_file})", flush=True)
+    print(f"database: {settings.database_url.split('@')[-1]}", flush=True)
+    config = uvicorn.Config(create_app(settings), log_level=args.log_level, ws="websockets-sansio")
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    return 0
 
 
 if __name__ == "__main__":

@@ -58,7 +58,9 @@ class Grep:
         ws = ctx.workspace
         real = await asyncio.to_thread(ws.real_path, path)
         is_dir = await asyncio.to_thread(ws.is_dir, real)
-        flags = ["--json", "--line-number"]
+        # Sorted output (single-threaded rg): the same tree gives the same
+        # result, which replay and RL rely on.
+        flags = ["--json", "--line-number", "--sort", "path"]
         if args.get("case_insensitive"):
             flags.append("--ignore-case")
         if context:

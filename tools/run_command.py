@@ -98,7 +98,11 @@ class RunCommand:
 
 
 def header(result: CommandResult, limits: SandboxLimits) -> str:
-    """One line for the model: how the command ended, how long it took."""
+    """One line for the model: how the command ended.
+
+    The duration is left out on purpose (it is in ``data``): a deterministic
+    command then gives the same result on every run, which replay relies on.
+    """
     parts: list[str] = []
     if result.timed_out:
         parts.append(f"timed out after {limits.timeout_s:g} s (process tree killed)")
@@ -110,7 +114,6 @@ def header(result: CommandResult, limits: SandboxLimits) -> str:
         parts.append(f"exit code {result.exit_code}")
     elif result.signal is not None and not result.timed_out:
         parts.append(f"killed by signal {result.signal}")
-    parts.append(f"{result.duration_s:.2f} s")
     if result.truncated:
         parts.append(f"output truncated ({result.output_bytes_total} bytes in total)")
     return " · ".join(parts)

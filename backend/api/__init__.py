@@ -1,0 +1,1 @@
+"""HTTP and WebSocket API (FastAPI)."""

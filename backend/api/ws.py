@@ -1,0 +1,119 @@
+"""The per-session WebSocket: user messages and interrupts in, events out.
+
+Authentication happens before the socket is accepted: a bearer token in the
+``Authorization`` header, or (for browsers, which cannot set headers) the
+subprotocol ``flywheel.token.<TOKEN>``. A browser's ``Origin`` must match the
+allowed origins; clients that send no Origin (editor plugins, the terminal
+client) are not browsers and are judged by their token alone.
+
+Close codes: 4401 no/invalid token, 4403 forbidden (other user's session or
+bad origin), 4404 no such session, 4408 client too slow (reconnect with
+``?after=<last seq>``), 1011 server error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketState
+
+from agent.events import event_to_json
+from backend.api.deps import AppState, can_access
+from backend.hub import HubError, SlowClient
+
+router = APIRouter()
+log = logging.getLogger(__name__)
+TOKEN_PROTOCOL = "flywheel.token."
+
+
+def origin_allowed(origin: str, allowed: list[str]) -> bool:
+    o = urlsplit(origin)
+    for a in allowed:
+        p = urlsplit(a)
+        if o.scheme == p.scheme and o.hostname == p.hostname and (p.port is None or p.port == o.port):
+            return True
+    return False
+
+
+def _token(ws: WebSocket) -> tuple[str | None, str | None]:
+    auth = ws.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip(), None
+    for proto in ws.scope.get("subprotocols", []):
+        if proto.startswith(TOKEN_PROTOCOL):
+            return proto[len(TOKEN_PROTOCOL):], proto
+    return None, None
+
+
+@router.websocket("/v1/sessions/{session_id}/ws")
+async def session_socket(ws: WebSocket, session_id: str, after: int = 0) -> None:
+    state: AppState = ws.app.state.flywheel
+    origin = ws.headers.get("origin")
+    if origin is not None and not origin_allowed(origin, state.settings.allowed_origins):
+        await ws.close(code=4403, reason="origin not allowed")
+        return
+    token, proto = _token(ws)
+    user = await asyncio.to_thread(state.log.verify_token, token) if token else None
+    if user is None:
+        await ws.close(code=4401, reason="missing or invalid token")
+        return
+    info = await asyncio.to_thread(state.log.get_session, session_id)
+    if info is None:
+        await ws.close(code=4404, reason="no such session")
+        return
+    if not can_access(user, info):
+        await ws.close(code=4403, reason="this session belongs to another user")
+        return
+    await ws.accept(subprotocol=proto)
+    send_lock = asyncio.Lock()
+
+    async def send(text: str) -> None:
+        async with send_lock:
+            await ws.send_text(text)
+
+    async def pump_events() -> None:
+        try:
+            async for event in state.hub.stream(info, max(0, after)):
+                await send(event_to_json(event))
+        except SlowClient as exc:
+            await ws.close(code=4408, reason=str(exc)[:120])
+
+    async def read_commands() -> None:
+        while True:
+            raw = await ws.receive_text()
+            try:
+                msg = json.loads(raw)
+                kind = msg.get("type") if isinstance(msg, dict) else None
+            except json.JSONDecodeError:
+                kind, msg = None, {}
+            current = await asyncio.to_thread(state.log.get_session, session_id)
+            try:
+                if kind == "user_message" and isinstance(msg.get("text"), str) and msg["text"]:
+                    await state.hub.send(current or info, msg["text"])
+                elif kind == "interrupt":
+                    asyncio.create_task(state.hub.interrupt(current or info))
+                else:
+                    raise HubError(400, 'expected {"type": "user_message", "text": "..."} or {"type": "interrupt"}')
+            except HubError as exc:
+                await send(json.dumps({"type": "request_error", "status": exc.status, "message": str(exc)}))
+
+    tasks = [asyncio.create_task(pump_events()), asyncio.create_task(read_commands())]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for t in done:
+            exc = t.exception()
+            if exc is not None and not isinstance(exc, WebSocketDisconnect):
+                log.warning("websocket %s: %r", session_id, exc)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if ws.application_state is WebSocketState.CONNECTED and ws.client_state is WebSocketState.CONNECTED:
+            try:
+                await ws.close()
+            except RuntimeError:
+                pass

@@ -1,0 +1,272 @@
+"""Live sessions: drive ``agent.Session``, persist every event, fan it out.
+
+Each live session has one sink that first commits the event to the log
+(:class:`backend.db.log.EventWriter`) and only then offers it to the
+session's subscribers. A subscriber is a bounded queue: a client that falls
+``client_queue_events`` behind is dropped (its socket closed with a "too
+slow" reason) and can reconnect from the last ``seq`` it saw; nobody else
+waits for it.
+
+Reconnect is lossless: :meth:`Hub.subscribe` registers the queue *before*
+reading the backlog from the log, so every event is either in the backlog or
+in the queue (duplicates are dropped by ``seq``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.events import Event, TurnEnd
+from agent.history import history_from_events
+from agent.policy import Policy
+from agent.session import Limits, Session
+from backend.db.log import EventWriter, SessionInfo, SessionLog
+from backend.policies import PolicyFactory
+from tools.base import Tool
+from tools.registry import default_tools
+from tools.sandbox import Sandbox
+from tools.workspace import Workspace, WorkspaceStore
+
+log = logging.getLogger(__name__)
+
+
+class HubError(Exception):
+    """A request the hub refuses; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class Subscriber:
+    def __init__(self, maxsize: int):
+        self.queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize)
+        self.dropped = False
+
+    def offer(self, event: Event) -> None:
+        if self.dropped:
+            return
+        try:
+            self.queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self.dropped = True  # the reader sees this and closes the socket
+            self._wake()
+
+    def close(self) -> None:
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self.queue.put_nowait(None)
+        except asyncio.QueueFull:
+            pass  # the reader is busy draining; it checks ``dropped`` as it goes
+
+
+@dataclass(eq=False)
+class LiveSession:
+    info: SessionInfo
+    session: Session
+    workspace: Workspace
+    subscribers: set[Subscriber] = field(default_factory=set)
+    turn_task: asyncio.Task[Any] | None = None
+    cancelled: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.turn_task is not None and not self.turn_task.done()
+
+
+class _PersistThenBroadcast:
+    def __init__(self, hub: Hub, session_id: str):
+        self.hub = hub
+        self.session_id = session_id
+
+    async def emit(self, event: Event) -> None:
+        await self.hub.writer.append(event)  # durable before anyone sees it
+        live = self.hub.live.get(self.session_id)
+        if live is not None:
+            for sub in list(live.subscribers):
+                sub.offer(event)
+
+
+class Hub:
+    def __init__(
+        self, *, log_: SessionLog, writer: EventWriter, store: WorkspaceStore, sandbox: Sandbox | None,
+        policies: PolicyFactory, client_queue_events: int = 2048, limits: Limits = Limits(),
+    ):
+        self.log = log_
+        self.writer = writer
+        self.store = store
+        self.sandbox = sandbox
+        self.policies = policies
+        self.client_queue_events = client_queue_events
+        self.limits = limits
+        self.live: dict[str, LiveSession] = {}
+        self._loading: dict[str, asyncio.Lock] = {}
+
+    def tools(self) -> list[Tool]:
+        return default_tools(commands=self.sandbox is not None)
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def recover(self) -> int:
+        """After a restart: mark turns that were in flight as interrupted."""
+        stale = await asyncio.to_thread(self.log.sessions_with_status, "running")
+        for info in stale:
+            events = await asyncio.to_thread(self.log.all_events, info.id)
+            h = history_from_events(events)
+            end = TurnEnd(reason="interrupted", steps=0, output_tokens=0, detail="the server stopped during this turn",
+                          seq=h.last_seq + 1, session_id=info.id, turn=h.turns)
+            await self.writer.append(end)
+            await asyncio.to_thread(self.log.set_status, info.id, "idle")
+        return len(stale)
+
+    async def shutdown(self) -> None:
+        for live in list(self.live.values()):
+            if live.running:
+                live.session.interrupt()
+                await asyncio.wait([live.turn_task])  # type: ignore[list-item]
+            for sub in list(live.subscribers):
+                sub.close()
+            await live.session.policy.aclose()
+
+    # -- sessions --------------------------------------------------------------
+
+    async def create(
+        self, *, owner: str, workspace: Workspace, policy: dict[str, Any], title: str, source: dict[str, Any],
+        parent_id: str | None = None, branch_step: int | None = None,
+    ) -> SessionInfo:
+        await asyncio.to_thread(self.log.save_snapshot, workspace.base)
+        return await asyncio.to_thread(
+            self.log.create_session, id=uuid.uuid4().hex, owner=owner, title=title[:200], source=source,
+            workspace_id=workspace.id, base_snapshot=workspace.base.id, policy=policy,
+            parent_id=parent_id, branch_step=branch_step,
+        )
+
+    async def get_live(self, info: SessionInfo, *, policy: Policy | None = None) -> LiveSession:
+        live = self.live.get(info.id)
+        if live is not None:
+            return live
+        lock = self._loading.setdefault(info.id, asyncio.Lock())
+        async with lock:
+            live = self.live.get(info.id)
+            if live is not None:
+                return live
+            events = await asyncio.to_thread(self.log.all_events, info.id)
+            h = history_from_events(events)
+            workspace = await asyncio.to_thread(self.store.open, info.workspace_id)
+            session = Session(
+                workspace=workspace, policy=policy or self.policies.build(info.policy, consumed=len(h.outputs)), tools=self.tools(),
+                sink=_PersistThenBroadcast(self, info.id), sandbox=self.sandbox, limits=self.limits,
+                session_id=info.id, conversation=h.conversation, next_seq=h.last_seq + 1, turns_done=h.turns,
+            )
+            live = LiveSession(info, session, workspace)
+            self.live[info.id] = live
+            return live
+
+    async def branch(
+        self, info: SessionInfo, *, owner: str, from_step: int, policy: dict[str, Any], auto_continue: bool = True
+    ) -> SessionInfo:
+        """A new session that re-executes ``info``'s first ``from_step`` model
+        outputs from its starting workspace, then continues with ``policy``."""
+        from backend.replay import recorded_turns, run_recording, truncate_at_step
+
+        events = await asyncio.to_thread(self.log.all_events, info.id)
+        turns = recorded_turns(events)
+        total = sum(len(t.outputs) for t in turns)
+        if not 0 <= from_step <= total:
+            raise HubError(400, f"from_step must be between 0 and {total} (the session's model calls)")
+        base = await asyncio.to_thread(self.log.load_snapshot, info.base_snapshot)
+        workspace = await asyncio.to_thread(self.store.from_snapshot, base)
+        new = await self.create(
+            owner=owner, workspace=workspace, policy=policy, source=info.source, parent_id=info.id,
+            branch_step=from_step, title=f"branch of {info.title or info.id[:8]} at step {from_step}",
+        )
+        session = await run_recording(
+            truncate_at_step(turns, from_step), workspace=workspace, tools=self.tools(), sandbox=self.sandbox,
+            sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
+        )
+        session.policy = self.policies.build(policy)
+        session.limits = self.limits
+        live = LiveSession(new, session, workspace)
+        self.live[new.id] = live
+        if auto_continue and session.conversation and session.conversation[-1].role == "tool":
+            await asyncio.to_thread(self.log.set_status, new.id, "running")
+            live.turn_task = asyncio.create_task(self._turn(live, None), name=f"hub-turn:{new.id}")
+        return new
+
+    async def send(self, info: SessionInfo, text: str) -> None:
+        """Start a turn; refuses (409) while one is running or when cancelled."""
+        if info.status == "cancelled":
+            raise HubError(409, "this session was cancelled; create a new one or branch it")
+        live = await self.get_live(info)
+        if live.running:
+            raise HubError(409, "a turn is already running in this session; interrupt it first")
+        await asyncio.to_thread(self.log.set_status, info.id, "running")
+        live.turn_task = asyncio.create_task(self._turn(live, text), name=f"hub-turn:{info.id}")
+
+    async def _turn(self, live: LiveSession, text: str | None) -> None:
+        try:
+            await live.session.run_turn(text)
+        except Exception:
+            log.exception("session %s: turn failed", live.info.id)
+        finally:
+            status = "cancelled" if live.cancelled else "idle"
+            await asyncio.to_thread(self.log.set_status, live.info.id, status)
+
+    async def interrupt(self, info: SessionInfo) -> bool:
+        live = self.live.get(info.id)
+        if live is None or not live.running:
+            return False
+        live.session.interrupt()
+        await asyncio.wait([live.turn_task])  # type: ignore[list-item]
+        return True
+
+    async def cancel(self, info: SessionInfo) -> None:
+        live = self.live.get(info.id)
+        if live is not None:
+            live.cancelled = True
+            await self.interrupt(info)
+        await asyncio.to_thread(self.log.set_status, info.id, "cancelled")
+
+    # -- streaming -------------------------------------------------------------
+
+    async def stream(self, info: SessionInfo, after: int) -> AsyncIterator[Event]:
+        """Every event with ``seq > after``: the backlog from the log, then live
+        ones, without gaps or duplicates. Ends when the subscriber is dropped
+        (raises :class:`SlowClient`) or the hub shuts down."""
+        live = await self.get_live(info)
+        sub = Subscriber(self.client_queue_events)
+        live.subscribers.add(sub)
+        try:
+            last = after
+            while True:  # backlog, in pages
+                page = await asyncio.to_thread(self.log.events, info.id, after=last, limit=1000)
+                for e in page:
+                    yield e
+                    last = e.seq
+                if len(page) < 1000:
+                    break
+            while True:
+                event = await sub.queue.get()
+                if sub.dropped:
+                    raise SlowClient(last)
+                if event is None:
+                    return
+                if event.seq <= last:
+                    continue
+                yield event
+                last = event.seq
+        finally:
+            live.subscribers.discard(sub)
+
+
+class SlowClient(Exception):
+    def __init__(self, last_seq: int):
+        super().__init__(f"client fell too far behind; reconnect with after={last_seq}")
+        self.last_seq = last_seq

@@ -1,0 +1,77 @@
+"""Which policies a server session may use, built from a stored config.
+
+A session's policy config is stored with it (so a restarted server rebuilds
+the same policy) and is one of:
+
+* ``{"kind": "scripted", "outputs": [...], "chunk_chars"?: int, "delay_s"?: float}``
+  — recorded model outputs (tests, demos, replay, load benchmarks);
+* ``{"kind": "openai", "model"?: str, "temperature"?: float}`` — the operator's
+  OpenAI-compatible server from the settings. A request can never choose the
+  URL or key (the server must not become a proxy to arbitrary hosts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.policies.openai_compat import OpenAICompatPolicy, OpenAIConfig
+from agent.policies.scripted import ScriptedPolicy
+from agent.policy import Policy
+
+MAX_SCRIPT_CHARS = 8 * 1024 * 1024
+
+
+class PolicyConfigError(ValueError):
+    pass
+
+
+class PolicyFactory:
+    def __init__(self, *, openai_base_url: str | None, openai_model: str = "default", openai_api_key: str | None = None):
+        self.openai_base_url = openai_base_url
+        self.openai_model = openai_model
+        self.openai_api_key = openai_api_key
+
+    def kinds(self) -> list[str]:
+        return ["scripted", "openai"] if self.openai_base_url else ["scripted"]
+
+    def validate(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Check a requested config; returns the normalised config to store."""
+        kind = config.get("kind")
+        if kind == "scripted":
+            outputs = config.get("outputs")
+            if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+                raise PolicyConfigError("scripted policy needs 'outputs': a list of strings")
+            if sum(map(len, outputs)) > MAX_SCRIPT_CHARS:
+                raise PolicyConfigError(f"scripted outputs are larger than {MAX_SCRIPT_CHARS} characters")
+            chunk = config.get("chunk_chars", 24)
+            delay = config.get("delay_s", 0.0)
+            if not isinstance(chunk, int) or not 1 <= chunk <= 1 << 20:
+                raise PolicyConfigError("chunk_chars must be an integer in 1..1048576")
+            if not isinstance(delay, int | float) or not 0 <= delay <= 5:
+                raise PolicyConfigError("delay_s must be a number in 0..5")
+            return {"kind": "scripted", "outputs": outputs, "chunk_chars": chunk, "delay_s": float(delay)}
+        if kind == "openai":
+            if not self.openai_base_url:
+                raise PolicyConfigError("this server has no model server configured (FLYWHEEL_OPENAI_BASE_URL)")
+            extra = set(config) - {"kind", "model", "temperature"}
+            if extra:
+                raise PolicyConfigError(f"unsupported openai policy fields: {', '.join(sorted(extra))}")
+            model = config.get("model", self.openai_model)
+            temperature = config.get("temperature", 0.0)
+            if not isinstance(model, str) or not isinstance(temperature, int | float):
+                raise PolicyConfigError("model must be a string and temperature a number")
+            return {"kind": "openai", "model": model, "temperature": float(temperature)}
+        raise PolicyConfigError(f"unknown policy kind {kind!r}; available: {', '.join(self.kinds())}")
+
+    def build(self, config: dict[str, Any], *, consumed: int = 0) -> Policy:
+        """Build the policy; ``consumed`` model calls already happened (a resumed
+        scripted session continues with its next output)."""
+        config = self.validate(config)
+        if config["kind"] == "scripted":
+            policy = ScriptedPolicy(config["outputs"], chunk_chars=config["chunk_chars"], delay_s=config["delay_s"])
+            policy.calls = min(consumed, len(policy.outputs))
+            return policy
+        return OpenAICompatPolicy(OpenAIConfig(
+            base_url=self.openai_base_url or "", model=config["model"], api_key=self.openai_api_key,
+            temperature=config["temperature"],
+        ))
