@@ -84,6 +84,29 @@ def _add_token(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=_cmd_token_create)
 
 
+def _add_chat(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "chat", help="chat with an agent on a running server (terminal client of the WebSocket protocol)",
+        description="Start a session on a workspace (--workspace) or attach to one (--session) on a running "
+        "`flywheel serve`, then send each input line as a user message and show the live transcript. "
+        "Ctrl-C interrupts the turn (at the prompt it quits); /quit or EOF ends the chat.",
+    )
+    p.add_argument("--server", help="server URL (env FLYWHEEL_SERVER; default http://127.0.0.1:8421)")
+    p.add_argument("--token", help="API token (env FLYWHEEL_TOKEN)")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--workspace", type=Path, help="start a new session on this directory (on the server)")
+    target.add_argument("--session", metavar="ID", help="attach to an existing session (its history is shown first)")
+    p.add_argument("--policy", metavar="JSON", help='policy for a new session (default {"kind": "openai"})')
+    p.add_argument("--json", action="store_true", help="print events as JSON lines instead of a transcript")
+
+    def run(args: argparse.Namespace) -> int:
+        from backend.chat import run_chat
+
+        return run_chat(args)
+
+    p.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flywheel",
@@ -93,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_serve(sub)
     _add_token(sub)
+    _add_chat(sub)
     return parser
 
 
