@@ -19,7 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Unknown fields are ignored so that a newer writer's additions do not
+    # break an older reader (the documented compatibility rule).
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     seq: int = 0
     session_id: str = ""
@@ -135,7 +137,25 @@ Event = Annotated[
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
 
+KNOWN_TYPES = frozenset(
+    cls.model_fields["type"].default
+    for cls in (UserMessage, TurnStarted, AssistantDelta, ToolCallDelta, ToolCallStarted, ToolResultEvent,
+                FileEditEvent, AssistantMessage, TurnEnd, ErrorEvent)
+)
+
+
 def event_from_json(data: str | bytes) -> Event:
+    """Parse one event; raises ``pydantic.ValidationError`` on a malformed or
+    unknown one (see :func:`event_from_json_or_none` for readers that skip)."""
+    return EVENT_ADAPTER.validate_json(data)
+
+
+def event_from_json_or_none(data: str | bytes) -> Event | None:
+    """Parse an event, or return None for a type this version does not know."""
+    import json
+
+    if json.loads(data).get("type") not in KNOWN_TYPES:
+        return None
     return EVENT_ADAPTER.validate_json(data)
 
 

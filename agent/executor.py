@@ -60,6 +60,7 @@ class Executor:
         self._pending: list[tuple[Resources, asyncio.Task[CallOutcome]]] = []
         self._tasks: dict[int, asyncio.Task[CallOutcome]] = {}
         self._calls: dict[int, ToolCall | CallRejected] = {}
+        self._outcomes: dict[int, CallOutcome] = {}  # set the moment a tool has finished
 
     def submit(self, call: ToolCall | CallRejected) -> asyncio.Task[CallOutcome]:
         """Start ``call`` now (after any conflicting earlier call). Never raises."""
@@ -91,6 +92,7 @@ class Executor:
         else:
             result = await self._invoke(call)
         outcome = CallOutcome(call, result, submitted, started, time.perf_counter())
+        self._outcomes[call.index] = outcome  # from here on, cancel() lets it report
         if self._on_result is not None:
             await self._on_result(outcome)
         return outcome
@@ -115,21 +117,26 @@ class Executor:
         return [self._tasks[i].result() for i in sorted(self._tasks)]
 
     async def cancel(self) -> None:
-        """Cancel all running calls and wait until they have cleaned up."""
-        tasks = [t for t in self._tasks.values() if not t.done()]
+        """Cancel calls that have not finished and wait until every task is done.
+
+        A call whose tool already finished is not cancelled: its result is
+        real (a file may have changed) and is reported as it is.
+        """
+        tasks = [t for i, t in self._tasks.items() if not t.done() and i not in self._outcomes]
         for t in tasks:
             t.cancel()
-        if tasks:
-            await asyncio.wait(tasks)
+        pending = [t for t in self._tasks.values() if not t.done()]
+        if pending:
+            await asyncio.wait(pending)
 
     def settled(self, cancelled_message: str) -> list[tuple[ToolCall | CallRejected, ToolResult, bool]]:
         """After :meth:`cancel`: ``(call, result, finished)`` for every call in call
         order; calls that did not finish get ``cancelled_message`` as an error."""
         out: list[tuple[ToolCall | CallRejected, ToolResult, bool]] = []
         for index in sorted(self._tasks):
-            task = self._tasks[index]
-            if task.done() and not task.cancelled() and task.exception() is None:
-                out.append((self._calls[index], task.result().result, True))
+            outcome = self._outcomes.get(index)
+            if outcome is not None:
+                out.append((self._calls[index], outcome.result, True))
             else:
                 out.append((self._calls[index], ToolResult.error(cancelled_message), False))
         return out

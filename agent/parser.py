@@ -22,7 +22,8 @@ input; it does not know the tool schemas (see ``agent.calls`` for that).
 
 Not guaranteed: the *split* of text into deltas follows the chunking; a
 literal ``<tool_call`` in prose always starts a call (there is no escape for
-it outside a parameter body).
+it outside a parameter body); a broken call's partial-parameter deltas stop
+at the point it broke.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ class _State(enum.Enum):
     PARAM_TAG = enum.auto()
     PARAM_BODY = enum.auto()
     CDATA = enum.auto()
-    SKIP_CALL = enum.auto()
+    GARBAGE = enum.auto()  # stray text inside a call, up to the next "<"
+    SKIP_TAG = enum.auto()  # a stray or oversized tag inside a call, up to its ">"
     DONE = enum.auto()
 
 
@@ -129,24 +131,34 @@ def parse_tag_name(tag: str) -> tuple[str | None, str | None]:
 
 
 class StreamParser:
-    """Parse one model response incrementally. Not thread-safe; one per response."""
+    """Parse one model response incrementally. Not thread-safe; one per response.
+
+    A call with an error (bad tag, stray text, too large) is still parsed to
+    its closing tag, respecting parameter bodies and CDATA, so that text
+    inside a broken call's parameters can never be mistaken for a call; it is
+    then reported as one :class:`MalformedCall`.
+    """
 
     def __init__(self, *, max_tag_chars: int = 1024, max_call_chars: int = 16 * 1024 * 1024):
         self.max_tag_chars = max_tag_chars
         self.max_call_chars = max_call_chars
         self._buf = ""
+        self._pos = 0  # read position in _buf; everything before it is consumed
+        self._scan_from = 0  # resume offset for the '>' search inside a tag
         self._state = _State.TEXT
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._index = -1
+        self._reset_call()
+
+    def _reset_call(self) -> None:
         self._call_name: str | None = None
         self._params: list[tuple[str, str]] = []
-        self._param_name = ""
+        self._param_name: str | None = None
         self._param_parts: list[str] = []
         self._call_chars = 0
-        self._pos = 0  # read position in _buf; everything before it is consumed
-        self._scan_from = 0  # resume offset for the '>' search inside a tag
-        self._failure = ""  # message of the broken call being skipped
-        self._skipped = ""  # start of the text skipped after it, for the message
+        self._error: str | None = None  # first problem of this call (may hold _EXCERPT)
+        self._excerpt = ""  # text quoted in that message
+        self._after_tag = _State.CALL_BODY  # where SKIP_TAG returns to
 
     # -- public API -------------------------------------------------------
 
@@ -178,17 +190,12 @@ class StreamParser:
         if self._state is _State.TEXT:
             if rest:
                 out.append(TextDelta(rest))
-        elif self._state is _State.SKIP_CALL:
-            self._emit_failure(out)
         else:
             what = f"<tool_call name={self._call_name!r}>" if self._call_name else "<tool_call>"
-            out.append(
-                MalformedCall(
-                    self._index,
-                    self._call_name,
-                    f"unclosed {what}: the response ended before </tool_call>; {_FORM_HINT}",
-                )
-            )
+            unclosed = f"unclosed {what}: the response ended before </tool_call>"
+            first = self._error_message()
+            message = f"{first}; and {unclosed}" if first else f"{unclosed}; {_FORM_HINT}"
+            out.append(MalformedCall(self._index, self._call_name, message))
         self._buf, self._pos = "", 0
         self._state = _State.DONE
         return out
@@ -206,7 +213,8 @@ class StreamParser:
             _State.PARAM_TAG: self._param_tag,
             _State.PARAM_BODY: self._param_body,
             _State.CDATA: self._cdata,
-            _State.SKIP_CALL: self._skip_call,
+            _State.GARBAGE: self._garbage,
+            _State.SKIP_TAG: self._skip_tag,
         }
         while self._pos < len(self._buf) and step[self._state](out):
             pass
@@ -215,6 +223,16 @@ class StreamParser:
         piece = self._buf[self._pos : end]
         self._pos = end
         return piece
+
+    def _fail(self, message: str) -> None:
+        """Record the call's first problem; parsing of the call goes on."""
+        if self._error is None:
+            self._error = message
+
+    def _error_message(self) -> str | None:
+        if self._error is None:
+            return None
+        return self._error.replace(_EXCERPT, repr(self._excerpt[:_EXCERPT_CHARS]))
 
     def _text(self, out: list[ParseEvent]) -> bool:
         buf, pos = self._buf, self._pos
@@ -227,9 +245,7 @@ class StreamParser:
                 if lt > pos:
                     out.append(TextDelta(self._take(lt)))
                 self._index += 1
-                self._call_name = None
-                self._params = []
-                self._call_chars = 0
+                self._reset_call()
                 self._scan_from = lt + len(CALL_OPEN)
                 self._state = _State.OPEN_TAG
                 return True
@@ -239,31 +255,31 @@ class StreamParser:
             out.append(TextDelta(self._take(end)))
         return False
 
-    def _read_tag(self, out: list[ParseEvent], what: str) -> str | None:
-        """Return a complete tag starting at self._pos, or None (need more / error)."""
+    def _read_tag(self, what: str) -> str | None:
+        """A complete tag starting at self._pos, or None: more input needed, or
+        (state changed to SKIP_TAG) the tag is too long."""
         buf, start = self._buf, self._pos
         gt = buf.find(">", self._scan_from)
         limit = start + self.max_tag_chars
-        if gt < 0 or gt >= limit:
+        if gt < 0 and len(buf) <= limit:
             self._scan_from = len(buf)
-            if gt >= limit or len(buf) > limit:
-                self._fail(out, f"the {what} tag is longer than {self.max_tag_chars} characters")
+            return None
+        if gt < 0 or gt >= limit:
+            self._fail(f"the {what} tag is longer than {self.max_tag_chars} characters")
+            self._state = _State.SKIP_TAG
             return None
         return self._take(gt + 1)
 
     def _open_tag(self, out: list[ParseEvent]) -> bool:
-        tag = self._read_tag(out, "<tool_call>")
+        tag = self._read_tag("<tool_call>")
         if tag is None:
             return self._state is not _State.OPEN_TAG
         name, error = parse_tag_name(tag)
         if error:
-            self._fail(out, error)
-            if tag.endswith("/>"):  # nothing to skip: the broken call ends here
-                self._emit_failure(out)
-                self._state = _State.TEXT
-            return True
-        self._call_name = name
-        out.append(CallOpened(self._index, name))
+            self._fail(error)
+        else:
+            self._call_name = name
+            out.append(CallOpened(self._index, name))
         if tag.endswith("/>"):
             self._complete(out)
         else:
@@ -278,7 +294,8 @@ class StreamParser:
         if pos == len(buf):
             return False
         if buf[pos] != "<":
-            self._fail(out, f"unexpected text {_EXCERPT} inside the call; {_FORM_HINT}")
+            self._fail(f"unexpected text {_EXCERPT} inside the call; {_FORM_HINT}")
+            self._state = _State.GARBAGE
             return True
         opens = _starts_tag(buf, pos, PARAM_OPEN)
         if opens:
@@ -292,53 +309,86 @@ class StreamParser:
             return True
         if opens is None or close is None:
             return False
-        self._fail(out, f"unexpected tag {_EXCERPT} inside the call; {_FORM_HINT}")
+        self._fail(f"unexpected tag {_EXCERPT} inside the call; {_FORM_HINT}")
+        self._scan_from = pos
+        self._after_tag = _State.CALL_BODY
+        self._state = _State.SKIP_TAG
+        return True
+
+    def _collect_excerpt(self, end: int) -> None:
+        if self._error is not None and _EXCERPT in self._error and len(self._excerpt) < _EXCERPT_CHARS:
+            self._excerpt += self._buf[self._pos : min(end, self._pos + _EXCERPT_CHARS)]
+
+    def _garbage(self, out: list[ParseEvent]) -> bool:
+        lt = self._buf.find("<", self._pos)
+        end = len(self._buf) if lt < 0 else lt
+        self._collect_excerpt(end)
+        self._pos = end
+        if lt < 0:
+            return False
+        self._state = _State.CALL_BODY
+        return True
+
+    def _skip_tag(self, out: list[ParseEvent]) -> bool:
+        gt = self._buf.find(">", self._pos)
+        end = len(self._buf) if gt < 0 else gt + 1
+        self._collect_excerpt(end)
+        self._pos = end
+        if gt < 0:
+            return False
+        self._state = self._after_tag
         return True
 
     def _param_tag(self, out: list[ParseEvent]) -> bool:
-        tag = self._read_tag(out, "<param>")
+        tag = self._read_tag("<param>")
         if tag is None:
+            if self._state is _State.SKIP_TAG:
+                self._after_tag = _State.PARAM_BODY  # skip the tag, then its body
+                self._param_name = None
             return self._state is not _State.PARAM_TAG
         name, error = parse_tag_name(tag)
         if error:
-            self._fail(out, error)
-            return True
+            self._fail(error)
         self._param_name = name
         self._param_parts = []
         if tag.endswith("/>"):
-            self._params.append((name, ""))
+            if name is not None:
+                self._params.append((name, ""))
             self._state = _State.CALL_BODY
         else:
             self._state = _State.PARAM_BODY
         return True
 
-    def _param_text(self, out: list[ParseEvent], end: int) -> bool:
-        if end <= self._pos:
-            return True
-        self._call_chars += end - self._pos
-        if self._call_chars > self.max_call_chars:
-            self._fail(out, f"the call is larger than {self.max_call_chars} characters")
-            return False
+    def _param_text(self, out: list[ParseEvent], end: int) -> None:
+        """Consume buf[pos:end] as parameter text (kept only while the call is sound)."""
+        n = end - self._pos
+        if n <= 0:
+            return
+        if self._error is None and self._call_chars + n > self.max_call_chars:
+            keep = self.max_call_chars - self._call_chars
+            self._param_text(out, self._pos + keep)  # exactly up to the cap, whatever the chunking
+            self._fail(f"the call is larger than {self.max_call_chars} characters")
         text = self._take(end)
+        if self._error is not None or self._param_name is None:
+            return
+        self._call_chars += n
         self._param_parts.append(text)
         out.append(ParamDelta(self._index, self._param_name, text))
-        return True
 
     def _param_body(self, out: list[ParseEvent]) -> bool:
         buf = self._buf
         lt = buf.find("<", self._pos)
         while lt >= 0:
             if buf.startswith(PARAM_CLOSE, lt):
-                if not self._param_text(out, lt):
-                    return True
+                self._param_text(out, lt)
                 self._pos = lt + len(PARAM_CLOSE)
-                self._params.append((self._param_name, "".join(self._param_parts)))
+                if self._param_name is not None:
+                    self._params.append((self._param_name, "".join(self._param_parts)))
                 self._param_parts = []
                 self._state = _State.CALL_BODY
                 return True
             if buf.startswith(CDATA_OPEN, lt):
-                if not self._param_text(out, lt):
-                    return True
+                self._param_text(out, lt)
                 self._pos = lt + len(CDATA_OPEN)
                 self._state = _State.CDATA
                 return True
@@ -346,53 +396,30 @@ class StreamParser:
             if PARAM_CLOSE.startswith(rest) or CDATA_OPEN.startswith(rest):
                 break  # a terminator may be arriving: hold back from here
             lt = buf.find("<", lt + 1)
-        return not self._param_text(out, len(buf) if lt < 0 else lt)
+        self._param_text(out, len(buf) if lt < 0 else lt)
+        return False
 
     def _cdata(self, out: list[ParseEvent]) -> bool:
         buf = self._buf
         end = buf.find(CDATA_CLOSE, self._pos)
         if end >= 0:
-            if not self._param_text(out, end):
-                return True
+            self._param_text(out, end)
             self._pos = end + len(CDATA_CLOSE)
             self._state = _State.PARAM_BODY
             return True
         keep = 2 if buf.endswith("]]") else 1 if buf.endswith("]") else 0
-        return not self._param_text(out, max(self._pos, len(buf) - keep))
-
-    def _skip_call(self, out: list[ParseEvent]) -> bool:
-        buf = self._buf
-        end = buf.find(CALL_CLOSE, self._pos)
-        stop = end if end >= 0 else max(self._pos, len(buf) - _partial_suffix(buf, CALL_CLOSE))
-        if len(self._skipped) < _EXCERPT_CHARS:
-            self._skipped += buf[self._pos : min(stop, self._pos + _EXCERPT_CHARS)]
-        self._pos = stop
-        if end < 0:
-            return False
-        self._pos = end + len(CALL_CLOSE)
-        self._emit_failure(out)
-        self._state = _State.TEXT
-        return True
-
-    def _emit_failure(self, out: list[ParseEvent]) -> None:
-        # Reported when the broken call ends, so that the message (which
-        # quotes the text that follows) does not depend on chunking.
-        excerpt = repr(self._skipped[:_EXCERPT_CHARS])
-        message = self._failure.replace(_EXCERPT, excerpt)
-        out.append(MalformedCall(self._index, self._call_name, message))
+        self._param_text(out, max(self._pos, len(buf) - keep))
+        return False
 
     def _complete(self, out: list[ParseEvent]) -> None:
-        assert self._call_name is not None
-        out.append(ParsedCall(self._index, self._call_name, tuple(self._params)))
-        self._params = []
+        message = self._error_message()
+        if message is not None:
+            out.append(MalformedCall(self._index, self._call_name, message))
+        else:
+            assert self._call_name is not None
+            out.append(ParsedCall(self._index, self._call_name, tuple(self._params)))
+        self._reset_call()
         self._state = _State.TEXT
-
-    def _fail(self, out: list[ParseEvent], message: str) -> None:
-        self._failure = message
-        self._skipped = ""
-        self._params = []
-        self._param_parts = []
-        self._state = _State.SKIP_CALL
 
 
 def _starts_tag(buf: str, at: int, opener: str) -> bool | None:
@@ -419,14 +446,6 @@ def _starts_close(buf: str, at: int, closer: str) -> int | None:
     if i == len(buf):
         return None
     return i + 1 - at if buf[i] == ">" else 0
-
-
-def _partial_suffix(buf: str, token: str) -> int:
-    """Length of the longest suffix of ``buf`` that is a proper prefix of ``token``."""
-    for k in range(min(len(token) - 1, len(buf)), 0, -1):
-        if token.startswith(buf[-k:]):
-            return k
-    return 0
 
 
 def encode_param(value: str) -> str:

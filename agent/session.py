@@ -18,6 +18,7 @@ usage are estimates (4 characters per token).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import uuid
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ from agent.policy import Policy, PolicyError
 from agent.prompt import DEFAULT_SYSTEM_PROMPT, Message, render_prompt
 from tools.base import Tool, ToolContext
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -61,6 +64,10 @@ class TurnOutcome:
     steps: int
     output_tokens: int
     final_text: str
+
+
+class _StopStream(Exception):
+    """Stop reading the model's output (too many calls in one response)."""
 
 
 class _LimitHit(Exception):
@@ -106,7 +113,9 @@ class Session:
     # -- driving -------------------------------------------------------------
 
     async def run_turn(self, text: str | None) -> TurnOutcome:
-        """Run one user turn to its end. Raises only if the sink fails.
+        """Run one user turn to its end. Raises only if the sink fails, or
+        CancelledError if the *caller* is cancelled (the turn is then still
+        closed with a ``turn_end`` event first).
 
         ``text=None`` continues from the conversation as it is (a branch taken
         after a step's tool results) without a new user message.
@@ -115,22 +124,30 @@ class Session:
             raise RuntimeError("a turn is already running in this session")
         self._turn += 1
         self._interrupted = False
+        self._started = False
         self._task = asyncio.create_task(self._run_turn(text), name=f"turn:{self.session_id}:{self._turn}")
         try:
             return await self._task
         except asyncio.CancelledError:
-            self._task.cancel()
-            await asyncio.wait([self._task])
+            if not self._task.done():
+                self._task.cancel()
+                await asyncio.wait([self._task])
             raise
         finally:
             self._task = None
 
     def interrupt(self) -> bool:
-        """Stop the running turn: tools are cancelled, the turn ends 'interrupted'."""
+        """Stop the running turn: tools are cancelled, the turn ends 'interrupted'.
+
+        Idempotent: a second interrupt while the first is being handled does
+        nothing (it must not cancel the clean-up).
+        """
         if self._task is None or self._task.done():
             return False
-        self._interrupted = True
-        self._task.cancel()
+        if not self._interrupted:
+            self._interrupted = True
+            if self._started:
+                self._task.cancel()
         return True
 
     @property
@@ -160,8 +177,13 @@ class Session:
         self._tokens = 0
         self._final = ""
         self._executor: Executor | None = None
-        reason, detail = "completed", ""
+        reason, detail, why = "completed", "", ""
+        error: ErrorEvent | None = None
+        external_cancel = False
+        self._started = True  # from here on, interrupt() cancels this task
         try:
+            if self._interrupted:
+                raise asyncio.CancelledError
             async with asyncio.timeout(self.limits.max_wall_s):
                 while True:
                     if self._steps >= self.limits.max_steps:
@@ -173,17 +195,24 @@ class Session:
             reason, detail = hit.reason, str(hit)
         except TimeoutError:
             reason, detail = "timeout", f"the turn ran longer than {self.limits.max_wall_s:g} s"
-            await self._abort_tools("the turn hit its time limit")
+            why = "the turn hit its time limit"
         except PolicyError as exc:
-            reason, detail = "error", str(exc)
-            await self._abort_tools("the model failed")
-            await self.emit(ErrorEvent(message=str(exc), source="policy"))
+            reason, detail, why = "error", str(exc), "the model failed"
+            error = ErrorEvent(message=str(exc), source="policy")
         except asyncio.CancelledError:
-            if not self._interrupted:
-                raise
-            reason, detail = "interrupted", "interrupted by the user"
-            await self._abort_tools("the user interrupted the turn")
+            external_cancel = not self._interrupted
+            reason = "interrupted"
+            detail = why = "the user interrupted the turn" if self._interrupted else "the turn was cancelled"
+        except Exception as exc:  # a bug must not leave the turn open or tools running
+            log.exception("session %s: turn failed", self.session_id)
+            reason, detail, why = "error", f"internal error: {type(exc).__name__}: {exc}", "an internal error"
+            error = ErrorEvent(message=detail, source="session")
+        await self._abort_tools(why or "the turn ended")
+        if error is not None:
+            await self.emit(error)
         await self.emit(TurnEnd(reason=reason, steps=self._steps, output_tokens=self._tokens, detail=detail))  # type: ignore[arg-type]
+        if external_cancel:
+            raise asyncio.CancelledError
         return TurnOutcome(reason, self._steps, self._tokens, self._final)
 
     async def _step(self, step: int) -> bool:
@@ -203,6 +232,7 @@ class Session:
         finish: str | None = None
         limit: _LimitHit | None = None
         stream = self.policy.stream(prompt)
+        stopped = False
         try:
             async for chunk in stream:
                 self._text_parts.append(chunk.text)
@@ -216,10 +246,16 @@ class Session:
                 if self._tokens + _count(chars, token_ids, reported) > self.limits.max_output_tokens:
                     limit = _LimitHit("max_tokens", f"the turn exceeded {self.limits.max_output_tokens} output tokens")
                     break
+        except _StopStream:
+            stopped = True
         finally:
             await _aclose(stream)
-        for ev in parser.finish():
-            await self._on_parse(step, ev, executor)
+        if not stopped:
+            try:
+                for ev in parser.finish():
+                    await self._on_parse(step, ev, executor)
+            except _StopStream:
+                pass
         text = "".join(self._text_parts)
         used = _count(chars, token_ids, reported)
         self._tokens += used
@@ -238,6 +274,8 @@ class Session:
             raise limit
         if not outcomes:
             self._final = "".join(self._visible)
+            if finish == "length":
+                raise _LimitHit("max_tokens", "the model stopped at its output-token limit")
         return bool(outcomes)
 
     async def _on_parse(self, step: int, ev: ParseEvent, executor: Executor) -> None:
@@ -251,11 +289,12 @@ class Session:
             await self.emit(ToolCallDelta(step=step, index=ev.index, name=name, param=ev.param, text=ev.text))
         elif isinstance(ev, ParsedCall | MalformedCall):
             call_id = f"t{self._turn}s{step}c{ev.index}"
-            if len(executor) >= self.limits.max_calls_per_step:
+            overflow = len(executor) >= self.limits.max_calls_per_step
+            if overflow:
                 call: ToolCall | CallRejected = CallRejected(
                     ev.index, call_id, ev.name,
                     f"too many tool calls in one response (at most {self.limits.max_calls_per_step}); "
-                    "wait for these results, then continue",
+                    "the rest of the response was discarded. Wait for these results, then continue",
                 )
             else:
                 call = validate_call(ev, {s.name: s for s in self.specs}, call_id)
@@ -267,6 +306,9 @@ class Session:
                 )
             )
             executor.submit(call)
+            await asyncio.sleep(0)  # let the tool start now, even if the policy never yields
+            if overflow:
+                raise _StopStream
 
     async def _on_result(self, step: int, outcome: CallOutcome) -> None:
         call, result = outcome.call, outcome.result

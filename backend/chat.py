@@ -1,28 +1,23 @@
 """``flywheel chat``: the terminal client of the WebSocket protocol.
 
 It creates a session (REST ``POST /v1/sessions``) or attaches to one (its
-past events are shown first), then sends one user message per input line and
-shows the session's events live with :class:`backend.transcript.Transcript`
-(or as JSON lines with ``--json``). The next line is read only after the
-turn's ``turn_end``, so piped input runs turn by turn.
-
-Reconnect: when the socket closes without the user asking (network loss,
-server restart, close code 4408 "too slow"), the client retries with backoff
-and resumes with ``?after=<last seq shown>``; events are shown by ``seq`` and
-never twice.
+history is shown first), sends one user message per input line and shows the
+events live with :class:`backend.transcript.Transcript` (``--json``: as JSON
+lines). The next line is read only after this turn's ``turn_end``, so piped
+input runs turn by turn. When the socket closes without the user asking
+(network loss, server restart, 4408 "too slow"), it reconnects with backoff
+and resumes with ``?after=<last seq shown>``: no event is shown twice.
 
 Not guaranteed:
 
-* a line sent in the instant the connection dropped is re-sent after the
-  reconnect only if the log does not show it yet; if the server accepted it
-  but had not yet recorded it, the re-send is refused (409) and the client
-  moves on while that turn still runs;
+* a line sent just as the connection dropped is re-sent only if the log does
+  not show it after the reconnect; if the server had it but had not recorded
+  it yet, the re-send is refused (409) and the client moves on;
 * a turn in flight when the server died is not resumed: the restarted server
   ends it with ``turn_end`` reason ``interrupted``;
-* Ctrl-C asks the server to interrupt; what is already done (a file edit, a
-  command that ran) stays done;
-* notices go to stderr, the transcript to stdout: their interleaving on a
-  terminal is only approximate.
+* Ctrl-C asks the server to interrupt; what is already done stays done;
+* notices go to stderr, the transcript to stdout: on a terminal they
+  interleave only approximately.
 """
 
 from __future__ import annotations
@@ -51,9 +46,8 @@ DEFAULT_SERVER = "http://127.0.0.1:8421"
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 5.0
 GIVE_UP_S = 60.0
-# Close codes (and handshake statuses) that a retry cannot fix.
-FATAL_CLOSE = {4401: "the server rejected the token", 4403: "forbidden", 4404: "no such session"}
-FATAL_STATUS = {401: "the server rejected the token", 403: "forbidden", 404: "no such session"}
+# HTTP statuses a retry cannot fix; the socket's close codes 44xx mirror them.
+FATAL = {401: "the server rejected the token", 403: "forbidden", 404: "no such session"}
 
 
 class ChatError(Exception):
@@ -110,6 +104,7 @@ class _Turn:
     number: int | None = None
     sent_on: int = 0  # which connection carried it (0: not sent yet)
     interrupting: bool = False
+    retries: int = 0
 
 
 class StdinLines:
@@ -122,10 +117,7 @@ class StdinLines:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int | None):
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self._loop = loop
-        self._fd = fd
-        self._buf = b""
-        self._watching = False
+        self._loop, self._fd, self._buf, self._watching = loop, fd, b"", False
 
     def start(self) -> None:
         if self._fd is None:
@@ -154,16 +146,14 @@ class StdinLines:
         self._feed(chunk)
 
     def _feed(self, chunk: bytes) -> None:
+        *lines, self._buf = (self._buf + chunk).split(b"\n")
         if not chunk:
             self.stop()
-            if self._buf:
-                self.queue.put_nowait(self._buf.decode("utf-8", "replace").rstrip("\r"))
-                self._buf = b""
-            self.queue.put_nowait(None)
-            return
-        *lines, self._buf = (self._buf + chunk).split(b"\n")
+            lines, self._buf = [self._buf] if self._buf else [], b""
         for line in lines:
             self.queue.put_nowait(line.decode("utf-8", "replace").rstrip("\r"))
+        if not chunk:
+            self.queue.put_nowait(None)
 
 
 def _stdin_fd() -> int | None:
@@ -173,23 +163,13 @@ def _stdin_fd() -> int | None:
         return None
 
 
-def _http_error(status: int, body: Any) -> str:
-    detail = body.get("detail") if isinstance(body, dict) else body
-    if not isinstance(detail, str):
-        detail = json.dumps(detail)[:300]
-    if status == 401:
-        return f"the server rejected the token (HTTP 401: {detail}); pass --token or set FLYWHEEL_TOKEN"
-    return f"{FATAL_STATUS.get(status, 'the server refused')} (HTTP {status}: {detail})"
-
-
 class ChatClient:
     def __init__(self, cfg: ChatConfig, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
-        self.cfg = cfg
-        self.out = out
-        self.err = err
+        self.cfg, self.out, self.err = cfg, out, err
         self.transcript = Transcript(out)
         self.interactive = sys.stdin is not None and sys.stdin.isatty() and not cfg.json
         self.last_seq = 0
+        self._last_type = ""
         self.session_id = cfg.session or ""
         self._turn: _Turn | None = None
         self._ws: ClientConnection | None = None
@@ -201,19 +181,17 @@ class ChatClient:
         self._http = httpx.AsyncClient(base_url=cfg.server, headers={"Authorization": f"Bearer {cfg.token}"},
                                        timeout=10.0)
 
-    # -- output ----------------------------------------------------------------
-
     def _say(self, text: str, style: str = "2") -> None:
         color = self.err.isatty() and "NO_COLOR" not in os.environ
         self.err.write((f"\x1b[{style}m{text}\x1b[0m" if color else text) + "\n")
         self.err.flush()
 
     def _show(self, data: dict[str, Any]) -> None:
-        t = self._turn
         if self.cfg.json:
             self.out.write(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
             self.out.flush()
             return
+        t = self._turn
         if (self.interactive and t is not None and t.number is None and data.get("type") == "user_message"
                 and data.get("text") == t.text):
             return  # the user just typed it
@@ -228,7 +206,7 @@ class ChatClient:
         if not isinstance(seq, int) or seq <= self.last_seq:
             return  # already shown (a resumed backlog overlaps) or not an event
         self._show(data)
-        self.last_seq = seq
+        self.last_seq, self._last_type = seq, str(data.get("type"))
         t = self._turn
         if t is None:
             return
@@ -242,17 +220,20 @@ class ChatClient:
             data = json.loads(raw)
         except ValueError:
             return
-        if not isinstance(data, dict):
-            return
-        if data.get("type") == "request_error":
-            self._say(f"server: {data.get('message', data)}", "31")
+        if isinstance(data, dict) and data.get("type") == "request_error":
             t = self._turn
+            if (t is not None and t.number is None and data.get("status") == 409 and t.retries < 10
+                    and "already running" in str(data.get("message")) and self._last_type == "turn_end"):
+                # Right after a turn_end the server may still be closing that turn
+                # and answer 409 for a moment: no turn is running that we know of, so retry.
+                t.retries += 1
+                self._spawn(self._resend_later(t, 0.05 * t.retries))
+                return
+            self._say(f"server: {data.get('message', data)}", "31")
             if t is not None and t.number is None:
                 t.done.set()  # the line was refused; no turn will run for it
-            return
-        self._on_event(data)
-
-    # -- REST ------------------------------------------------------------------
+        elif isinstance(data, dict):
+            self._on_event(data)
 
     async def _rest(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
@@ -260,13 +241,15 @@ class ChatClient:
         except httpx.TransportError as exc:
             raise ChatError(f"cannot reach the Flywheel server at {self.cfg.server}: "
                             f"{exc or type(exc).__name__}") from None
+        if r.status_code < 400:
+            return r.json()
         try:
-            body = r.json()
-        except ValueError:
-            body = r.text
-        if r.status_code >= 400:
-            raise ChatError(_http_error(r.status_code, body))
-        return body
+            detail = r.json().get("detail")
+        except (ValueError, AttributeError):
+            detail = r.text
+        detail = detail if isinstance(detail, str) else json.dumps(detail)[:300]
+        hint = "; pass --token or set FLYWHEEL_TOKEN" if r.status_code == 401 else ""
+        raise ChatError(f"{FATAL.get(r.status_code, 'the server refused')} (HTTP {r.status_code}: {detail}){hint}")
 
     async def _open_session(self) -> None:
         if self.cfg.session is None:
@@ -283,8 +266,6 @@ class ChatClient:
             for data in page["events"]:
                 self._on_event(data)
             after, more = page["next_after"], page["more"]
-
-    # -- the socket ------------------------------------------------------------
 
     def _ws_url(self) -> str:
         u = urlsplit(self.cfg.server)
@@ -312,13 +293,13 @@ class ChatClient:
                     except ConnectionClosed:
                         pass
                     code, reason = ws.close_code or 1006, ws.close_reason or ""
-                    if code in FATAL_CLOSE:
-                        raise ChatError(f"{FATAL_CLOSE[code]} ({reason or 'close code'} {code})")
+                    if code - 4000 in FATAL:
+                        raise ChatError(f"{FATAL[code - 4000]} ({reason or 'close code'} {code})")
                     why = f"closed with code {code}" + (f": {reason}" if reason else "")
             except InvalidStatus as exc:
                 status = exc.response.status_code
-                if status in FATAL_STATUS:
-                    raise ChatError(f"{FATAL_STATUS[status]}: the server refused the WebSocket (HTTP {status})"
+                if status in FATAL:
+                    raise ChatError(f"{FATAL[status]}: the server refused the WebSocket (HTTP {status})"
                                     " — check the token, the session id and its owner") from None
                 why = f"HTTP {status}"
             except InvalidURI as exc:
@@ -356,12 +337,9 @@ class ChatClient:
             await self._send_now({"type": "interrupt"})
 
     async def _send_now(self, msg: dict[str, Any]) -> bool:
-        ws = self._ws
-        if ws is None:
-            return False  # the reconnect will re-send what matters
-        try:
-            await ws.send(json.dumps(msg))
-            return True
+        try:  # without a socket, the reconnect re-sends what matters
+            await self._ws.send(json.dumps(msg)) if self._ws is not None else None
+            return self._ws is not None
         except ConnectionClosed:
             return False
 
@@ -369,12 +347,15 @@ class ChatClient:
         t.sent_on = self._conn_id
         await self._send_now({"type": "user_message", "text": t.text})
 
+    async def _resend_later(self, t: _Turn, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self._turn is t and t.number is None:
+            await self._send_line(t)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    # -- the conversation ------------------------------------------------------
 
     async def _until(self, aw: Any) -> Any:
         """Await ``aw`` unless the user quits or the connection fails for good."""
@@ -394,9 +375,9 @@ class ChatClient:
 
     def _on_sigint(self) -> None:
         t = self._turn
-        if t is None or t.interrupting:  # at the prompt, or a second Ctrl-C
+        if t is None or t.done.is_set() or t.interrupting:  # at the prompt, or a second Ctrl-C
             if not self._quit.done():
-                self._quit.set_result(0 if t is None else 130)
+                self._quit.set_result(0 if t is None or t.done.is_set() else 130)
             return
         t.interrupting = True
         self._say("\ninterrupting the turn… (Ctrl-C again to quit)", "33")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import sys
@@ -10,7 +11,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+# FLYWHEEL_BENCH_RESULTS redirects the result files (the smoke tests write to a temporary dir)
+RESULTS = Path(os.environ.get("FLYWHEEL_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -31,7 +33,7 @@ def median(values: list[float]) -> float:
 def write_result(name: str, data: dict) -> None:
     """Write benchmarks/results/NAME.json and print the object as the last line."""
     data = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "machine": {"cpus": __import__("os").cpu_count(), "python": platform.python_version()}, **data}
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, **data}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     print(json.dumps(data))

@@ -7,7 +7,6 @@ as an operator starts it; the benchmark talks to it over HTTP/WebSocket only.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -110,6 +109,15 @@ class Server:
             pass
         return out
 
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the server process so far (0 once it is gone)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return 0.0
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def kill9(self) -> None:
         """SIGKILL: no shutdown hooks, no final commits."""
         if self.proc is not None and self.proc.poll() is None:
@@ -179,17 +187,6 @@ def final_step(i: int) -> str:
     return f"Done with round {i}: mean() and median() look right, and the tests cover both."
 
 
-def create_session(client: httpx.Client | None, server: Server, workspace: Path, outputs: list[str], *,
-                   chunk_chars: int = 24, delay_s: float = 0.0, title: str = "") -> dict[str, Any]:
-    body = {"workspace": {"path": str(workspace)}, "title": title,
-            "policy": {"kind": "scripted", "outputs": outputs, "chunk_chars": chunk_chars, "delay_s": delay_s}}
-    c = client or httpx
-    r = c.post(server.url + "/v1/sessions", json=body, headers=server.headers(), timeout=60)
-    if r.status_code != 201:
-        raise ServerError(f"create session: {r.status_code} {r.text[:500]}")
-    return r.json()
-
-
 async def acreate_session(client: httpx.AsyncClient, server: Server, workspace: Path, outputs: list[str], *,
                           chunk_chars: int = 24, delay_s: float = 0.0, title: str = "") -> dict[str, Any]:
     body = {"workspace": {"path": str(workspace)}, "title": title,
@@ -215,6 +212,3 @@ async def afetch_events(client: httpx.AsyncClient, server: Server, session_id: s
         if not page["more"]:
             return out
 
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))

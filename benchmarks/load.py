@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import collections
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -178,9 +179,11 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             while time.monotonic() < deadline and stats.settled < len(tasks):
                 await asyncio.sleep(0.05)
             t_run = time.perf_counter()
+            cpu_server0, cpu_client0 = server.cpu_s(), time.process_time()
             start.set()
             await asyncio.gather(*tasks)
             t_end = time.perf_counter()
+            cpu_server, cpu_client = server.cpu_s() - cpu_server0, time.process_time() - cpu_client0
 
             # the log must end exactly where each client's stream ended
             logs = await asyncio.gather(*(afetch_events(http, server, info["id"]) for info in infos))
@@ -235,6 +238,8 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             "peak_sampled": round(poller.max_rss_kb / 1024, 1),
             "measured": "VmHWM (peak) and VmRSS sampled every 0.2 s from /proc/PID/status",
         },
+        "cpu_s_during_turns": {"server": round(cpu_server, 2), "clients": round(cpu_client, 2),
+                               "cores": os.cpu_count()},
         "database": "sqlite (WAL) in a temporary data dir",
         "pass": sum(stats.errors.values()) == 0 and stats.turns_completed == turns_total,
     }

@@ -12,10 +12,11 @@ Nothing here imports the agent package: tools know nothing of XML or events.
 
 from __future__ import annotations
 
+import asyncio
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from tools.sandbox import Sandbox
@@ -144,3 +145,24 @@ class Tool(Protocol):
     def resources(self, args: Mapping[str, Any]) -> Resources: ...
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult: ...
+
+
+T = TypeVar("T")
+
+
+async def complete_in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking ``fn`` in a thread and see it through even if cancelled.
+
+    For writes: a thread cannot be stopped, so on cancellation this waits for
+    ``fn`` and returns its result anyway. The write is then reported as done
+    (it was), instead of landing after an interrupt that said "cancelled".
+    Only for short operations: the cancellation is delayed until ``fn`` ends.
+    """
+    future = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
+        return await future

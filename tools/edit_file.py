@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from tools.base import ParamSpec, ParamType, Resources, ToolContext, ToolError, ToolResult, ToolSpec
+from tools.base import (
+    ParamSpec,
+    ParamType,
+    Resources,
+    ToolContext,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+    complete_in_thread,
+)
 from tools.paths import resource_key
 from tools.workspace import Workspace
 
@@ -45,7 +53,7 @@ class EditFile:
             raise ToolError("search must not be empty; use write_file to create or overwrite a whole file")
         if search == replace:
             raise ToolError("search and replace are identical; nothing would change")
-        return await asyncio.to_thread(_edit, ctx.workspace, path, search, replace)
+        return await complete_in_thread(_edit, ctx.workspace, path, search, replace)
 
 
 def _edit(ws: Workspace, path: str, search: str, replace: str) -> ToolResult:

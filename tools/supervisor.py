@@ -227,15 +227,17 @@ def _signal_tree(
     *,
     spare_launcher: bool = False,
 ) -> None:
-    if group is not None and group.dirs:
-        group.signal_all(sig, exclude={proc.pid} if spare_launcher else ())
-        if spare_launcher:
-            return
-    if proc.returncode is None:  # not reaped yet: pid and pgid are still ours
+    # The launcher's group first: killing bwrap takes its PID namespace down
+    # with it in one kernel step. Killing the cgroup's pids one by one instead
+    # lets a shell outlive its child for a moment (`sleep 30; echo > f` would
+    # still write f).
+    if not spare_launcher and proc.returncode is None:  # not reaped: pid and pgid are still ours
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(proc.pid, sig)
+    if group is not None and group.dirs:
+        group.signal_all(sig, exclude={proc.pid} if spare_launcher else ())
 
 
 async def _kill_and_reap(

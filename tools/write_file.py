@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from tools.base import ParamSpec, ParamType, Resources, ToolContext, ToolResult, ToolSpec
+from tools.base import ParamSpec, ParamType, Resources, ToolContext, ToolResult, ToolSpec, complete_in_thread
 from tools.paths import resource_key
 
 MAX_DIFF_IN_OUTPUT = 32 << 10
@@ -36,7 +35,7 @@ class WriteFile:
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         content: str = args.get("content") or ""
         data = content.encode()
-        edit = await asyncio.to_thread(ctx.workspace.write_bytes, args["path"], data)
+        edit = await complete_in_thread(ctx.workspace.write_bytes, args["path"], data)
         verb = "created" if edit.created else "wrote"
         head = f"{verb} {edit.path} ({len(data)} bytes)\n"
         diff = edit.diff or "(content unchanged)\n"

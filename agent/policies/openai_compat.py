@@ -96,14 +96,40 @@ async def _sse_chunks(response: httpx.Response, url: str) -> AsyncIterator[Polic
             data = json.loads(payload)
         except json.JSONDecodeError:
             raise PolicyError(f"{url} sent a malformed stream event: {payload[:200]!r}") from None
-        if "error" in data:
-            raise PolicyError(f"{url} reported an error: {json.dumps(data['error'])[:500]}")
-        usage = data.get("usage") or {}
-        tokens = usage.get("completion_tokens")
-        for choice in data.get("choices") or []:
-            delta = choice.get("delta") or {}
-            text = delta.get("content") or ""
-            if text or choice.get("finish_reason"):
-                yield PolicyChunk(text, finish_reason=choice.get("finish_reason"))
-        if tokens is not None:
-            yield PolicyChunk("", output_tokens=int(tokens))
+        for chunk in _read_event(data, url, payload):
+            yield chunk
+
+
+def _read_event(data: object, url: str, payload: str) -> list[PolicyChunk]:
+    """One SSE event → chunks. Anything not shaped like a chat completion
+    chunk is a :class:`PolicyError`, never a TypeError in the session."""
+    def bad(why: str) -> PolicyError:
+        return PolicyError(f"{url} sent an unexpected stream event ({why}): {payload[:200]!r}")
+
+    if not isinstance(data, dict):
+        raise bad("not an object")
+    if "error" in data:
+        raise PolicyError(f"{url} reported an error: {json.dumps(data['error'])[:500]}")
+    choices = data.get("choices") or []
+    usage = data.get("usage") or {}
+    if not isinstance(choices, list) or not isinstance(usage, dict):
+        raise bad("choices must be a list and usage an object")
+    out: list[PolicyChunk] = []
+    for choice in choices:
+        if not isinstance(choice, dict):
+            raise bad("a choice is not an object")
+        delta = choice.get("delta") or {}
+        text = delta.get("content") if isinstance(delta, dict) else None
+        finish = choice.get("finish_reason")
+        if text is not None and not isinstance(text, str):
+            raise bad("content is not a string")
+        if finish is not None and not isinstance(finish, str):
+            raise bad("finish_reason is not a string")
+        if text or finish:
+            out.append(PolicyChunk(text or "", finish_reason=finish))
+    tokens = usage.get("completion_tokens")
+    if tokens is not None:
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise bad("completion_tokens is not a count")
+        out.append(PolicyChunk("", output_tokens=tokens))
+    return out

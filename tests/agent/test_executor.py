@@ -119,3 +119,37 @@ async def test_cancel_stops_running_tools(tools) -> None:
     settled = ex.settled("cancelled")
     assert settled[0][1].output == "cancelled" and not settled[0][2]
     assert settled[1][1].ok and settled[1][2]
+
+
+async def test_a_finished_tool_is_not_reported_as_cancelled(tools) -> None:
+    reported = []
+
+    async def slow_sink(outcome) -> None:
+        await asyncio.sleep(0.3)
+        reported.append(outcome.call.index)
+
+    ex = Executor(tools, ToolContext(workspace=None), on_result=slow_sink)
+    ex.submit(call(0, "w", "done-fast", 1))
+    ex.submit(call(1, "r", "slow", 5000))
+    await asyncio.sleep(0.05)  # call 0 finished and is being reported; call 1 is running
+    await ex.cancel()
+    (c0, r0, fin0), (c1, r1, fin1) = ex.settled("cancelled")
+    assert fin0 and r0.ok and reported == [0]
+    assert not fin1 and r1.output == "cancelled"
+
+
+async def test_complete_in_thread_finishes_a_write_despite_cancel(tmp_path) -> None:
+    from tools.base import complete_in_thread
+
+    target = tmp_path / "f.txt"
+
+    def slow_write() -> str:
+        time.sleep(0.3)
+        target.write_text("written")
+        return "ok"
+
+    task = asyncio.create_task(complete_in_thread(slow_write))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    assert await task == "ok"  # the write is reported as done, not cancelled
+    assert target.read_text() == "written"

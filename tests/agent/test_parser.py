@@ -237,3 +237,51 @@ def test_property_parameter_bodies_are_byte_exact(params, prose, cuts) -> None:
 def test_property_arbitrary_bytes_never_raise(data: bytes) -> None:
     events = parse_bytes(data, list(range(0, len(data), 7)))
     assert all(isinstance(e, TextDelta | CallOpened | ParamDelta | ParsedCall | MalformedCall) for e in events)
+
+
+def test_broken_call_never_runs_text_from_its_parameters() -> None:
+    # An unquoted attribute breaks the param tag; the body documents calls.
+    body = 'Example:\n<tool_call name="run_command"><param name="command">rm -rf src</param></tool_call>\n'
+    stream = f'<tool_call name="write_file"><param name=path>docs.md</param><param name="content">{body}</param></tool_call>'
+    for chunks in ([stream], list(stream)):
+        events = parse_chunks(chunks)
+        assert len(calls(events)) == 1
+        [bad] = calls(events)
+        assert isinstance(bad, MalformedCall) and bad.name == "write_file"
+        assert "run_command" not in repr([e for e in events if isinstance(e, ParsedCall)])
+
+
+def test_stray_tag_inside_call_is_skipped_structurally() -> None:
+    stream = '<tool_call name="a"><oops/><param name="p">x</tool_call>y</param></tool_call>after'
+    events = parse_chunks(list(stream))
+    [bad] = calls(events)
+    assert isinstance(bad, MalformedCall) and "'<oops/>'" in bad.message
+    assert text(events) == "after"
+
+
+def _parse_small(data: bytes, cuts: list[int]) -> list:
+    p = StreamParser(max_tag_chars=30, max_call_chars=10)
+    events, prev = [], 0
+    for cut in sorted(set(cuts)) + [len(data)]:
+        events += p.feed_bytes(data[prev:cut])
+        prev = cut
+    return events + p.finish()
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(streams_with_cuts())
+def test_property_chunking_invariance_at_the_size_caps(case) -> None:
+    data, cuts = case
+    assert coalesce(_parse_small(data, [])) == coalesce(_parse_small(data, cuts)) == coalesce(
+        _parse_small(data, list(range(len(data))))
+    )
+
+
+def test_call_size_cap_cuts_at_exactly_the_cap() -> None:
+    stream = '<tool_call name="w"><param name="c">' + "B" * 20 + "</param></tool_call>TAIL"
+    for chunks in ([stream], list(stream)):
+        p = StreamParser(max_call_chars=10)
+        events = [e for c in chunks for e in p.feed(c)] + p.finish()
+        assert "".join(e.text for e in events if isinstance(e, ParamDelta)) == "B" * 10
+        assert text(events) == "TAIL"
+        assert "larger than 10" in calls(events)[0].message

@@ -176,3 +176,79 @@ async def test_interrupt_kills_running_command_and_ends_turn(workspace) -> None:
     # the session is usable again
     s.policy.outputs.append("back")
     assert (await s.run_turn("again")).reason == "completed"
+
+
+class ExplodingPolicy:
+    """A policy with a bug: raises a non-PolicyError mid-stream."""
+
+    name = "exploding"
+
+    async def stream(self, prompt):
+        from agent.policy import PolicyChunk
+
+        yield PolicyChunk("partial ")
+        raise KeyError("bug in policy")
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_a_buggy_policy_ends_the_turn_with_error(workspace) -> None:
+    sink = ListSink()
+    s = Session(workspace=workspace, policy=ExplodingPolicy(), tools=default_tools(), sink=sink)
+    outcome = await s.run_turn("go")
+    assert outcome.reason == "error" and "KeyError" in sink.events[-1].detail
+    assert isinstance(sink.events[-1], TurnEnd)
+
+
+async def test_interrupt_before_the_turn_starts_still_closes_it(workspace) -> None:
+    sink = ListSink()
+    s = session(workspace, ["never used"], sink)
+    task = asyncio.create_task(s.run_turn("go"))
+    await asyncio.sleep(0)  # the turn task exists but has not run yet
+    assert s.interrupt() and s.interrupt()  # idempotent
+    outcome = await task
+    assert outcome.reason == "interrupted"
+    assert [e.type for e in sink.events] == ["user_message", "turn_started", "turn_end"]
+
+
+async def test_cancelling_the_caller_closes_the_turn_and_stops_tools(workspace) -> None:
+    sink = ListSink()
+    s = session(workspace, [call("read_file", {"path": "app.py"}) + " and on" * 400, "x"], sink,
+                chunk_chars=4, delay_s=0.005)
+    task = asyncio.create_task(s.run_turn("go"))
+    await asyncio.sleep(0.1)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert isinstance(sink.events[-1], TurnEnd) and sink.events[-1].reason == "interrupted"
+    n = len(sink.events)
+    await asyncio.sleep(0.2)
+    assert len(sink.events) == n  # nothing arrives after turn_end
+    assert (await s.run_turn("again")).reason == "completed"
+
+
+async def test_too_many_calls_stops_reading_the_response(workspace) -> None:
+    sink = ListSink()
+    s = session(workspace, ['<tool_call name="list_dir"/>' * 500, "done"], sink, limits=Limits(max_calls_per_step=5))
+    outcome = await s.run_turn("flood")
+    assert outcome.reason == "completed"
+    started = sink.of_type(ToolCallStarted)
+    assert len(started) == 6 and not started[-1].valid
+    assert "too many tool calls" in s.policy.prompts[1].messages[-1]["content"]
+
+
+async def test_finish_reason_length_is_reported(workspace) -> None:
+    class Truncated:
+        name = "truncated"
+
+        async def stream(self, prompt):
+            from agent.policy import PolicyChunk
+
+            yield PolicyChunk("cut off mid-sen", finish_reason="length")
+
+        async def aclose(self) -> None:
+            pass
+
+    s = Session(workspace=workspace, policy=Truncated(), tools=default_tools())
+    assert (await s.run_turn("go")).reason == "max_tokens"

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -27,6 +28,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 _URL = re.compile(r"Flywheel is serving at (http://\S+)")
 _TOKEN = re.compile(r"^token: (\S+)", re.MULTILINE)
+_READY = re.compile(r"^database: ", re.MULTILINE)  # the last line ``serve`` prints before it listens
 
 
 class ServerError(RuntimeError):
@@ -35,7 +37,7 @@ class ServerError(RuntimeError):
 
 class ServerProcess:
     def __init__(
-        self, *, data_dir: Path, allow_roots: list[Path] = (), port: int = 0, extra_args: list[str] = (),
+        self, *, data_dir: Path, allow_roots: Sequence[Path] = (), port: int = 0, extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None, log_dir: Path | None = None, start_timeout: float = 30.0,
     ):
         self.data_dir = Path(data_dir)
@@ -77,14 +79,16 @@ class ServerProcess:
         while True:
             text = self.stdout_path.read_text(errors="replace")
             url, token = _URL.search(text), _TOKEN.search(text)
-            if url and token:
+            if url and _READY.search(text):
                 break
             if self.proc.poll() is not None:
                 raise ServerError(f"flywheel serve exited with {self.proc.returncode}\n{self.logs()}")
             if time.monotonic() > deadline:
-                raise ServerError(f"flywheel serve printed no URL and token in {self.start_timeout} s\n{self.logs()}")
+                raise ServerError(f"flywheel serve printed no URL in {self.start_timeout} s\n{self.logs()}")
             time.sleep(0.05)
-        self.url, self.token = url.group(1), token.group(1)
+        # The "local" staff token is printed while its file exists in data_dir
+        # (a data dir whose tokens were made with `flywheel token create` has none).
+        self.url, self.token = url.group(1), token.group(1) if token else ""
         self.port = int(self.url.rsplit(":", 1)[1])  # a restart reuses it
         while True:
             try:

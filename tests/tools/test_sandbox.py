@@ -331,6 +331,22 @@ async def test_cancellation_kills_the_tree(
 
 
 @needs_bwrap
+@pytest.mark.parametrize("round_", range(4))
+async def test_a_killed_shell_never_runs_its_next_command(
+    sandbox: BubblewrapSandbox, ws: Path, round_: int
+) -> None:
+    # Killing the tree must be one step: not sleep first, then (a moment
+    # later) the shell, which would meanwhile write the file.
+    task = asyncio.create_task(sandbox.run("sleep 5; echo late > late.txt", ws, SandboxLimits(timeout_s=60)))
+    await asyncio.sleep(0.15 + 0.01 * round_)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.sleep(0.05)
+    assert not (ws / "late.txt").exists()
+
+
+@needs_bwrap
 async def test_exit_code_duration_and_merged_output(
     sandbox: BubblewrapSandbox, ws: Path
 ) -> None:

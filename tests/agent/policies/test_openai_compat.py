@@ -64,3 +64,21 @@ def test_make_policy_reads_env_and_rejects_unknown(monkeypatch) -> None:
     assert make_policy("openai:other").config.model == "other"  # type: ignore[attr-defined]
     with pytest.raises(PolicyError, match="unknown policy"):
         make_policy("gpt5")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    ['5', '{"choices": ["x"]}', '{"choices": [{"delta": {"content": {"a": 1}}}]}',
+     '{"choices": [], "usage": {"completion_tokens": "many"}}', "not json", '{"error": {"message": "boom"}}'],
+)
+async def test_malformed_stream_events_are_policy_errors(payload: str) -> None:
+    import httpx
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=f"data: {payload}\n\ndata: [DONE]\n\n",
+                              headers={"content-type": "text/event-stream"})
+
+    policy = OpenAICompatPolicy(OpenAIConfig(base_url="http://model.test/v1"), transport=httpx.MockTransport(handler))
+    with pytest.raises(PolicyError):
+        await collect(policy)
+    await policy.aclose()

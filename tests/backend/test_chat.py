@@ -1,0 +1,211 @@
+"""``flywheel chat`` end to end: a real server process, the client as a subprocess with piped stdin."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.parser import encode_call
+from tests.backend.server_process import REPO, ServerProcess
+
+ENV = {**os.environ, "NO_COLOR": "1"}
+EDIT_SCRIPT = [
+    "Let me look first.\n" + encode_call("read_file", {"path": "a.txt"}),
+    encode_call("edit_file", {"path": "a.txt", "search": "old", "replace": "new"}),
+    "Done: replaced old with new.",
+    "Second answer.",
+]
+
+
+def scripted(outputs: list[str], **kw: Any) -> str:
+    return json.dumps({"kind": "scripted", "outputs": outputs, **kw})
+
+
+def chat_cmd(srv: ServerProcess, *args: str, token: str | None = None) -> list[str]:
+    return [sys.executable, "-m", "backend.cli", "chat", "--server", srv.url, "--token", token or srv.token, *args]
+
+
+def chat(srv: ServerProcess, *args: str, lines: str = "", token: str | None = None,
+         timeout: float = 20) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(chat_cmd(srv, *args, token=token), input=lines, capture_output=True, text=True,
+                          timeout=timeout, env=ENV, cwd=REPO)
+
+
+def events(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ws = tmp_path_factory.mktemp("src") / "proj"
+    ws.mkdir()
+    (ws / "a.txt").write_text("old\n")
+    return ws
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, workspace: Path) -> Iterator[ServerProcess]:
+    with ServerProcess(data_dir=tmp_path_factory.mktemp("srv") / "data", allow_roots=[workspace]) as srv:
+        yield srv
+
+
+class Reader:
+    """Reads a running client's stdout line by line, with a deadline."""
+
+    def __init__(self, proc: subprocess.Popen[str]):
+        self.proc = proc
+        self.lines: list[str] = []
+
+    def until(self, pred: Any, timeout: float = 15) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()  # the client flushes per event; EOF ends the loop
+            if not line:
+                break
+            self.lines.append(line)
+            if line.startswith("{") and pred(json.loads(line)):
+                return json.loads(line)
+        raise AssertionError(f"no matching event; got:\n{''.join(self.lines)[-2000:]}")
+
+
+def test_transcript_shows_text_tool_call_and_diff(server: ServerProcess, workspace: Path) -> None:
+    r = chat(server, "--workspace", str(workspace), "--policy", scripted(EDIT_SCRIPT), lines="fix it\n")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.startswith("session ")
+    assert "you › fix it" in out and "Let me look first." in out
+    assert "▶ read_file path='a.txt'" in out and "✓ read_file" in out and "│     1\told" in out
+    assert "✎ a.txt" in out and "  -old" in out and "  +new" in out
+    assert "Done: replaced old with new." in out and "turn ended: completed" in out
+    assert (workspace / "a.txt").read_text() == "old\n"  # the session edits its own copy
+
+
+def test_piped_lines_run_turn_by_turn(server: ServerProcess, workspace: Path) -> None:
+    r = chat(server, "--json", "--workspace", str(workspace), "--policy", scripted(EDIT_SCRIPT),
+             lines="fix it\nand then?\n")
+    assert r.returncode == 0, r.stderr
+    evs = events(r.stdout)
+    assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
+    kinds = [(e["type"], e["turn"]) for e in evs if e["type"] in ("user_message", "turn_end")]
+    assert kinds == [("user_message", 1), ("turn_end", 1), ("user_message", 2), ("turn_end", 2)]
+    assert all(e["reason"] == "completed" for e in evs if e["type"] == "turn_end")
+    assert "session " in r.stderr  # --json keeps stdout for events
+
+
+def test_attach_shows_history_then_continues(server: ServerProcess, workspace: Path) -> None:
+    first = chat(server, "--workspace", str(workspace), "--policy", scripted(["one", "two"]), lines="hi\n")
+    assert first.returncode == 0, first.stderr
+    sid = first.stdout.split()[1]
+    r = chat(server, "--json", "--session", sid, lines="again\n")
+    assert r.returncode == 0, r.stderr
+    evs = events(r.stdout)
+    assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
+    said = [e["text"] for e in evs if e["type"] == "assistant_delta"]
+    assert "".join(said) == "onetwo"
+    assert [e["text"] for e in evs if e["type"] == "user_message"] == ["hi", "again"]
+
+
+def test_quit_stops_reading_input(server: ServerProcess, workspace: Path) -> None:
+    r = chat(server, "--workspace", str(workspace), "--policy", scripted(["ok"]), lines="first\n/quit\nnever sent\n")
+    assert r.returncode == 0, r.stderr
+    assert "you › first" in r.stdout and "never sent" not in r.stdout
+
+
+def test_request_error_is_shown_and_the_client_goes_on(server: ServerProcess, workspace: Path) -> None:
+    made = chat(server, "--workspace", str(workspace), "--policy", scripted(["ok"]))
+    sid = made.stdout.split()[1]
+    with server.client() as c:
+        c.post(f"/v1/sessions/{sid}/cancel").raise_for_status()
+    r = chat(server, "--session", sid, lines="refused\nrefused again\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("server: this session was cancelled") == 2 and "Traceback" not in r.stderr
+
+
+def test_bad_token_exits_1_with_a_clear_message(server: ServerProcess, workspace: Path) -> None:
+    r = chat(server, "--workspace", str(workspace), "--policy", scripted(["x"]), token="fw_not-a-token")
+    assert r.returncode == 1
+    assert "rejected the token" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_other_users_session_is_forbidden(server: ServerProcess, workspace: Path) -> None:
+    made = chat(server, "--workspace", str(workspace), "--policy", scripted(["x"]))
+    sid = made.stdout.split()[1]
+    tok = subprocess.run([sys.executable, "-m", "backend.cli", "token", "create", "--name", "mallory",
+                          "--data-dir", str(server.data_dir)], capture_output=True, text=True, env=ENV, cwd=REPO,
+                         timeout=20, check=True).stdout.strip()
+    r = chat(server, "--session", sid, token=tok, lines="hi\n")
+    assert r.returncode == 1
+    assert "forbidden" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unreachable_server_exits_1(workspace: Path) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-m", "backend.cli", "chat", "--server", f"http://127.0.0.1:{port}",
+                        "--workspace", str(workspace)], input="", capture_output=True, text=True, timeout=20,
+                       env={**ENV, "FLYWHEEL_TOKEN": "fw_whatever"}, cwd=REPO)
+    assert r.returncode == 1
+    assert "cannot reach the Flywheel server" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_interrupts_the_turn_then_quits_at_the_prompt(server: ServerProcess, workspace: Path) -> None:
+    slow = scripted(["word " * 400], delay_s=0.02, chunk_chars=4)
+    with subprocess.Popen(chat_cmd(server, "--json", "--workspace", str(workspace), "--policy", slow),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=ENV, cwd=REPO) as p:
+        try:
+            assert p.stdin is not None
+            p.stdin.write("talk\n")
+            p.stdin.flush()
+            out = Reader(p)
+            out.until(lambda e: e["type"] == "assistant_delta")
+            p.send_signal(signal.SIGINT)
+            end = out.until(lambda e: e["type"] == "turn_end")
+            assert end["reason"] == "interrupted"
+            p.send_signal(signal.SIGINT)  # at the prompt (stdin still open): quits
+            assert p.wait(timeout=10) == 0
+        finally:
+            p.kill()
+
+
+def test_reconnects_after_kill9_and_shows_every_event_once(tmp_path: Path, workspace: Path) -> None:
+    slow = scripted(["word " * 200], delay_s=0.02, chunk_chars=4)
+    with ServerProcess(data_dir=tmp_path / "data", allow_roots=[workspace]) as srv, \
+            subprocess.Popen(chat_cmd(srv, "--json", "--workspace", str(workspace), "--policy", slow),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=ENV, cwd=REPO) as p:
+        try:
+            assert p.stdin is not None
+            p.stdin.write("talk slowly\n")
+            p.stdin.close()  # EOF: the client exits once this turn has ended
+            out = Reader(p)
+            out.until(lambda e: e["type"] == "assistant_delta" and e["seq"] >= 10)
+            srv.kill9()
+            time.sleep(0.3)  # the client sees the socket die and starts retrying
+            srv.restart()
+            out.until(lambda e: e["type"] == "turn_end")
+            assert p.wait(timeout=15) == 0
+            rest = p.stdout.read() if p.stdout else ""
+            shown = events("".join(out.lines) + rest)
+            err = p.stderr.read() if p.stderr else ""
+        finally:
+            p.kill()
+        assert "reconnected; resuming after seq" in err and "Traceback" not in err
+        seqs = [e["seq"] for e in shown]
+        assert seqs == list(range(1, len(seqs) + 1)), seqs  # nothing lost, nothing twice
+        assert shown[-1]["type"] == "turn_end" and shown[-1]["reason"] == "interrupted"
+        with srv.client() as c:
+            logged = c.get(f"/v1/sessions/{shown[0]['session_id']}/events", params={"limit": 5000}).json()["events"]
+        assert [e["seq"] for e in logged] == seqs
