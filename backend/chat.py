@@ -13,6 +13,9 @@ Not guaranteed:
 * a line sent just as the connection dropped is re-sent only if the log does
   not show it after the reconnect; if the server had it but had not recorded
   it yet, the re-send is refused (409) and the client moves on;
+* "a turn is already running" (409) just after this client saw a
+  ``turn_end`` is retried for up to ~3 s, since the server may still be
+  closing that turn; after that the line is dropped with the error shown;
 * a turn in flight when the server died is not resumed: the restarted server
   ends it with ``turn_end`` reason ``interrupted``;
 * Ctrl-C asks the server to interrupt; what is already done stays done;
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -55,8 +59,7 @@ class ChatError(Exception):
 
 
 class _Quit(Exception):
-    def __init__(self, code: int):
-        self.code = code
+    """The user quit; ``args[0]`` is the exit status."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class ChatConfig:
     session: str | None = None
     policy: dict[str, Any] = field(default_factory=lambda: {"kind": "openai"})
     json: bool = False
-    give_up_s: float = GIVE_UP_S
+    give_up_s: float = GIVE_UP_S  # reconnecting stops after this long without a connection
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, env: dict[str, str] | None = None) -> ChatConfig:
@@ -80,17 +83,14 @@ class ChatConfig:
             raise ChatError(f"--server must be an http:// or https:// URL, not {server!r}")
         if (args.workspace is None) == (args.session is None):
             raise ChatError("give --workspace PATH to start a session or --session ID to attach to one")
-        policy: dict[str, Any] = {"kind": "openai"}
-        if args.policy is not None:
-            try:
-                policy = json.loads(args.policy)
-            except json.JSONDecodeError as exc:
-                raise ChatError(f"--policy is not valid JSON: {exc}") from None
-            if not isinstance(policy, dict):
-                raise ChatError('--policy must be a JSON object, e.g. {"kind": "openai"}')
+        try:
+            policy = json.loads(args.policy) if args.policy is not None else {"kind": "openai"}
+        except json.JSONDecodeError as exc:
+            raise ChatError(f"--policy is not valid JSON: {exc}") from None
+        if not isinstance(policy, dict):
+            raise ChatError('--policy must be a JSON object, e.g. {"kind": "openai"}')
         workspace = Path(args.workspace).resolve() if args.workspace is not None else None
-        return cls(server=server, token=token, workspace=workspace, session=args.session, policy=policy,
-                   json=args.json)
+        return cls(server, token, workspace, args.session, policy, args.json)
 
 
 @dataclass
@@ -115,14 +115,15 @@ class StdinLines:
     they are read at once.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int | None):
+    def __init__(self, loop: asyncio.AbstractEventLoop):
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self._loop, self._fd, self._buf, self._watching = loop, fd, b"", False
+        self._loop, self._buf, self._watching = loop, b"", False
+        try:
+            self._fd = sys.stdin.fileno()
+        except (AttributeError, OSError, ValueError):  # no stdin at all
+            self._fd = os.open(os.devnull, os.O_RDONLY)
 
     def start(self) -> None:
-        if self._fd is None:
-            self._feed(b"")
-            return
         try:
             self._loop.add_reader(self._fd, self._readable)
             self._watching = True
@@ -132,13 +133,13 @@ class StdinLines:
             self._feed(b"")
 
     def stop(self) -> None:
-        if self._watching and self._fd is not None:
+        if self._watching:
             self._loop.remove_reader(self._fd)
             self._watching = False
 
     def _readable(self) -> None:
         try:
-            chunk = os.read(self._fd, 1 << 16)  # type: ignore[arg-type]
+            chunk = os.read(self._fd, 1 << 16)
         except BlockingIOError:
             return
         except OSError:
@@ -154,13 +155,6 @@ class StdinLines:
             self.queue.put_nowait(line.decode("utf-8", "replace").rstrip("\r"))
         if not chunk:
             self.queue.put_nowait(None)
-
-
-def _stdin_fd() -> int | None:
-    try:
-        return sys.stdin.fileno() if sys.stdin is not None else None
-    except (OSError, ValueError):
-        return None
 
 
 class ChatClient:
@@ -206,13 +200,10 @@ class ChatClient:
         if not isinstance(seq, int) or seq <= self.last_seq:
             return  # already shown (a resumed backlog overlaps) or not an event
         self._show(data)
-        self.last_seq, self._last_type = seq, str(data.get("type"))
-        t = self._turn
-        if t is None:
-            return
-        if data.get("type") == "user_message" and t.number is None and data.get("text") == t.text:
+        t, self.last_seq, self._last_type = self._turn, seq, str(data.get("type"))
+        if t is not None and self._last_type == "user_message" and t.number is None and data.get("text") == t.text:
             t.number = data.get("turn")
-        elif data.get("type") == "turn_end" and t.number is not None and data.get("turn") == t.number:
+        elif t is not None and self._last_type == "turn_end" and t.number is not None and data.get("turn") == t.number:
             t.done.set()
 
     def _on_message(self, raw: str | bytes) -> None:
@@ -269,9 +260,8 @@ class ChatClient:
 
     def _ws_url(self) -> str:
         u = urlsplit(self.cfg.server)
-        scheme = "wss" if u.scheme == "https" else "ws"
-        path = f"{u.path}/v1/sessions/{self.session_id}/ws"
-        return urlunsplit((scheme, u.netloc, path, f"after={self.last_seq}", ""))
+        return urlunsplit(("wss" if u.scheme == "https" else "ws", u.netloc,
+                           f"{u.path}/v1/sessions/{self.session_id}/ws", f"after={self.last_seq}", ""))
 
     async def _connection_loop(self) -> None:
         """Keep one socket open; reconnect with backoff until the user quits."""
@@ -336,12 +326,11 @@ class ChatClient:
         if t.interrupting and self._turn is t:
             await self._send_now({"type": "interrupt"})
 
-    async def _send_now(self, msg: dict[str, Any]) -> bool:
-        try:  # without a socket, the reconnect re-sends what matters
-            await self._ws.send(json.dumps(msg)) if self._ws is not None else None
-            return self._ws is not None
-        except ConnectionClosed:
-            return False
+    async def _send_now(self, msg: dict[str, Any]) -> None:
+        """Send if connected; otherwise the reconnect re-sends what matters."""
+        if (ws := self._ws) is not None:
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send(json.dumps(msg))
 
     async def _send_line(self, t: _Turn) -> None:
         t.sent_on = self._conn_id
@@ -385,11 +374,9 @@ class ChatClient:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        lines = StdinLines(loop, _stdin_fd())
-        try:
+        lines = StdinLines(loop)
+        with contextlib.suppress(NotImplementedError, RuntimeError):  # not on Windows
             loop.add_signal_handler(signal.SIGINT, self._on_sigint)
-        except (NotImplementedError, RuntimeError):
-            pass
         try:
             await self._open_session()
             self._conn = asyncio.create_task(self._connection_loop())
@@ -410,17 +397,17 @@ class ChatClient:
                 await self._until(t.done.wait())
                 self._turn = None
         except _Quit as q:
-            return q.code
+            if self.interactive:
+                self.out.write("\n")
+            return int(q.args[0])
         finally:
             lines.stop()
-            try:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGINT)
-            except (NotImplementedError, RuntimeError):
-                pass
-            for task in [self._conn, *self._tasks]:
-                if task is not None:
-                    task.cancel()
-            await asyncio.gather(*(t for t in [self._conn, *self._tasks] if t is not None), return_exceptions=True)
+            tasks = [task for task in (self._conn, *self._tasks) if task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             await self._http.aclose()
 
 

@@ -119,10 +119,12 @@ class Hub:
         stale = await asyncio.to_thread(self.log.sessions_with_status, "running")
         for info in stale:
             events = await asyncio.to_thread(self.log.all_events, info.id)
-            h = history_from_events(events)
-            end = TurnEnd(reason="interrupted", steps=0, output_tokens=0, detail="the server stopped during this turn",
-                          seq=h.last_seq + 1, session_id=info.id, turn=h.turns)
-            await self.writer.append(end)
+            if events and not isinstance(events[-1], TurnEnd):
+                last = events[-1]
+                end = TurnEnd(reason="interrupted", steps=0, output_tokens=0,
+                              detail="the server stopped during this turn",
+                              seq=last.seq + 1, session_id=info.id, turn=last.turn)
+                await self.writer.append(end)
             await asyncio.to_thread(self.log.set_status, info.id, "idle")
         return len(stale)
 

@@ -14,9 +14,14 @@ bad origin), 4404 no such session, 4408 client too slow (reconnect with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
@@ -101,19 +106,20 @@ async def session_socket(ws: WebSocket, session_id: str, after: int = 0) -> None
             except HubError as exc:
                 await send(json.dumps({"type": "request_error", "status": exc.status, "message": str(exc)}))
 
-    tasks = [asyncio.create_task(pump_events()), asyncio.create_task(read_commands())]
-    try:
-        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for t in done:
-            exc = t.exception()
-            if exc is not None and not isinstance(exc, WebSocketDisconnect):
-                log.warning("websocket %s: %r", session_id, exc)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if ws.application_state is WebSocketState.CONNECTED and ws.client_state is WebSocketState.CONNECTED:
-            try:
-                await ws.close()
-            except RuntimeError:
-                pass
+    async def until_done(part: Callable[[], Awaitable[None]], group: anyio.abc.TaskGroup) -> None:
+        try:
+            await part()
+        except WebSocketDisconnect:
+            pass
+        except Exception as exc:  # logged; the socket closes below
+            log.warning("websocket %s: %r", session_id, exc)
+        finally:
+            group.cancel_scope.cancel()  # either side ending ends the connection
+
+    # anyio (as Starlette uses) so cancellation by the server is handled right.
+    async with anyio.create_task_group() as group:
+        group.start_soon(until_done, pump_events, group)
+        group.start_soon(until_done, read_commands, group)
+    if ws.application_state is WebSocketState.CONNECTED and ws.client_state is WebSocketState.CONNECTED:
+        with contextlib.suppress(RuntimeError):
+            await ws.close()
