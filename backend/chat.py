@@ -158,9 +158,9 @@ class StdinLines:
 
 
 class ChatClient:
-    def __init__(self, cfg: ChatConfig, out: TextIO = sys.stdout, err: TextIO = sys.stderr):
-        self.cfg, self.out, self.err = cfg, out, err
-        self.transcript = Transcript(out)
+    def __init__(self, cfg: ChatConfig, out: TextIO | None = None, err: TextIO | None = None):
+        self.cfg, self.out, self.err = cfg, out or sys.stdout, err or sys.stderr
+        self.transcript = Transcript(self.out)
         self.interactive = sys.stdin is not None and sys.stdin.isatty() and not cfg.json
         self.last_seq = 0
         self._last_type = ""
@@ -288,9 +288,9 @@ class ChatClient:
                     why = f"closed with code {code}" + (f": {reason}" if reason else "")
             except InvalidStatus as exc:
                 status = exc.response.status_code
-                if status in FATAL:
-                    raise ChatError(f"{FATAL[status]}: the server refused the WebSocket (HTTP {status})"
-                                    " — check the token, the session id and its owner") from None
+                if status in FATAL:  # the server refuses before accepting, so the close code is lost:
+                    await self._rest("GET", f"/v1/sessions/{self.session_id}")  # REST says why, if it can
+                    raise ChatError(f"{FATAL[status]}: the server refused the WebSocket (HTTP {status})") from None
                 why = f"HTTP {status}"
             except InvalidURI as exc:
                 raise ChatError(f"bad server URL: {exc}") from None

@@ -75,6 +75,7 @@ class LiveSession:
     subscribers: set[Subscriber] = field(default_factory=set)
     turn_task: asyncio.Task[Any] | None = None
     cancelled: bool = False
+    turn_ended: bool = False  # the running turn has emitted turn_end (only bookkeeping is left)
 
     @property
     def running(self) -> bool:
@@ -89,6 +90,8 @@ class _PersistThenBroadcast:
     async def emit(self, event: Event) -> None:
         await self.hub.writer.append(event)  # durable before anyone sees it
         live = self.hub.live.get(self.session_id)
+        if live is not None and isinstance(event, TurnEnd):
+            live.turn_ended = True  # a client may send its next message the moment it sees this
         if live is not None:
             for sub in list(live.subscribers):
                 sub.offer(event)
@@ -198,7 +201,7 @@ class Hub:
         live = LiveSession(new, session, workspace)
         self.live[new.id] = live
         if auto_continue and session.conversation and session.conversation[-1].role == "tool":
-            await asyncio.to_thread(self.log.set_status, new.id, "running")
+            live.turn_ended = False
             live.turn_task = asyncio.create_task(self._turn(live, None), name=f"hub-turn:{new.id}")
         return new
 
@@ -207,13 +210,20 @@ class Hub:
         if info.status == "cancelled":
             raise HubError(409, "this session was cancelled; create a new one or branch it")
         live = await self.get_live(info)
+        if live.running and live.turn_ended and live.turn_task is not None:
+            await asyncio.wait([live.turn_task])  # its turn_end is out; only the status update is left
         if live.running:
             raise HubError(409, "a turn is already running in this session; interrupt it first")
-        await asyncio.to_thread(self.log.set_status, info.id, "running")
+        if live.cancelled:
+            raise HubError(409, "this session was cancelled; create a new one or branch it")
+        # No await between the check above and this line: two messages that
+        # arrive together cannot both start a turn.
+        live.turn_ended = False
         live.turn_task = asyncio.create_task(self._turn(live, text), name=f"hub-turn:{info.id}")
 
     async def _turn(self, live: LiveSession, text: str | None) -> None:
         try:
+            await asyncio.to_thread(self.log.set_status, live.info.id, "running")
             await live.session.run_turn(text)
         except Exception:
             log.exception("session %s: turn failed", live.info.id)

@@ -88,7 +88,7 @@ class Transcript:
             detail = f": {event.detail}" if event.detail and event.reason != "completed" else ""
             self._line(
                 self._c("dim", f"— turn ended: {event.reason}{detail} "
-                        f"({event.steps} model calls, ~{event.output_tokens} output tokens)")
+                        f"({event.steps} model call{'' if event.steps == 1 else 's'}, ~{event.output_tokens} output tokens)")
             )
         elif isinstance(event, ErrorEvent):
             self._line(self._c("red", f"error ({event.source}): {event.message}"))

@@ -2,10 +2,10 @@
 
 Starts ``flywheel serve`` (SQLite in a temporary data dir), creates
 ``--sessions`` sessions (default 50) whose scripted policy streams slowly
-(4 characters every 10 ms, three steps of three parallel tool calls, then a
+(4 characters every 10 ms, five steps of three parallel tool calls, then a
 final answer), connects one WebSocket client per session that records every
 event it receives (its full JSON), starts a turn in every session (spread
-over ~1 s so the sessions are at different points), and once every client has
+over ~2.5 s so the sessions are at different steps), and once every client has
 seen events of its turn and none has seen the turn end, kills the server with
 SIGKILL. Then it restarts the server on the same data dir and port and checks
 for every session:
@@ -45,13 +45,15 @@ from _server import Server, ServerError, acreate_session, afetch_events, final_s
 
 CHUNK_CHARS = 4
 DELAY_S = 0.01
+TOOL_STEPS = 5
 
 
 def script() -> list[str]:
-    """Turn 1 is three tool steps and a final answer. The resumed turn replays
-    from the first output the log has no ``assistant_message`` for, so spare
-    final answers guarantee it ends whatever step the kill hit."""
-    return [tool_step(0), tool_step(1), tool_step(2), final_step(0), final_step(1), final_step(2), final_step(3)]
+    """Turn 1 is ``TOOL_STEPS`` tool steps and a final answer (long enough that
+    no session finishes before the kill). The resumed turn replays from the
+    first output the log has no ``assistant_message`` for, so spare final
+    answers guarantee it ends whatever step the kill hit."""
+    return [tool_step(i) for i in range(TOOL_STEPS)] + [final_step(i) for i in range(TOOL_STEPS + 1)]
 
 
 class Client:
@@ -148,9 +150,11 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             go.set()
 
             # kill once every session is mid-turn: each client has its turn's first events, none its end
+            # (and at the latest when a session reaches its last tool step)
             deadline = time.monotonic() + args.kill_wait_s
             while time.monotonic() < deadline:
-                if all(len(c.events) >= args.min_events for c in clients) or any(c.turn_ended for c in clients):
+                if (all(len(c.events) >= args.min_events for c in clients)
+                        or any(e.get("step", 0) >= TOOL_STEPS for c in clients for e in c.events[-3:])):
                     break
                 await asyncio.sleep(0.02)
             await asyncio.sleep(rng.uniform(0, 0.2))  # not aligned with anything the server does
@@ -239,7 +243,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     n = args.sessions
     return {
         "sessions": n,
-        "policy": {"chunk_chars": CHUNK_CHARS, "delay_s": DELAY_S, "turn": "3 steps x 3 parallel tool calls + answer"},
+        "policy": {"chunk_chars": CHUNK_CHARS, "delay_s": DELAY_S, "turn": f"{TOOL_STEPS} steps x 3 parallel tool calls + answer"},
         "mid_turn_at_kill": mid_turn,
         "kill_after_s": round(t_kill - t_go, 3),
         "sessions_by_step_at_kill": {str(k): v for k, v in sorted(step_at_kill.items())},

@@ -6,9 +6,11 @@ subprotocol ``flywheel.token.<TOKEN>``. A browser's ``Origin`` must match the
 allowed origins; clients that send no Origin (editor plugins, the terminal
 client) are not browsers and are judged by their token alone.
 
-Close codes: 4401 no/invalid token, 4403 forbidden (other user's session or
-bad origin), 4404 no such session, 4408 client too slow (reconnect with
-``?after=<last seq>``), 1011 server error.
+Refused handshakes get an HTTP response: 401 no/invalid token, 403 other
+user's session or bad origin, 404 no such session (servers without the
+denial-response extension close with 4401/4403/4404 instead). After accept:
+close code 4408 means the client fell too far behind (reconnect with
+``?after=<last seq>``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import anyio
 import anyio.abc
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
 from agent.events import event_to_json
@@ -44,6 +47,15 @@ def origin_allowed(origin: str, allowed: list[str]) -> bool:
     return False
 
 
+async def _deny(ws: WebSocket, status: int, reason: str) -> None:
+    """Refuse the handshake: an HTTP status where the server supports denial
+    responses (uvicorn does), else a close with code 4000 + status."""
+    try:
+        await ws.send_denial_response(JSONResponse({"detail": reason}, status_code=status))
+    except RuntimeError:
+        await ws.close(code=4000 + status, reason=reason)
+
+
 def _token(ws: WebSocket) -> tuple[str | None, str | None]:
     auth = ws.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
@@ -59,20 +71,16 @@ async def session_socket(ws: WebSocket, session_id: str, after: int = 0) -> None
     state: AppState = ws.app.state.flywheel
     origin = ws.headers.get("origin")
     if origin is not None and not origin_allowed(origin, state.settings.allowed_origins):
-        await ws.close(code=4403, reason="origin not allowed")
-        return
+        return await _deny(ws, 403, "origin not allowed")
     token, proto = _token(ws)
     user = await asyncio.to_thread(state.log.verify_token, token) if token else None
     if user is None:
-        await ws.close(code=4401, reason="missing or invalid token")
-        return
+        return await _deny(ws, 401, "missing or invalid token")
     info = await asyncio.to_thread(state.log.get_session, session_id)
     if info is None:
-        await ws.close(code=4404, reason="no such session")
-        return
+        return await _deny(ws, 404, "no such session")
     if not can_access(user, info):
-        await ws.close(code=4403, reason="this session belongs to another user")
-        return
+        return await _deny(ws, 403, "this session belongs to another user")
     await ws.accept(subprotocol=proto)
     send_lock = asyncio.Lock()
 

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
 from agent.events import Event, event_from_json, event_to_json
@@ -120,9 +121,19 @@ class SessionLog:
     # -- snapshots -------------------------------------------------------------
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
-        with DbSession(self.engine) as db, db.begin():
-            if db.get(SnapshotRow, snapshot.id) is None:
-                db.add(SnapshotRow(id=snapshot.id, manifest=snapshot.to_json().decode(), created_at=now()))
+        """Store a manifest (idempotent: snapshots are content-addressed, so a
+        concurrent insert of the same id is the same row)."""
+        try:
+            with DbSession(self.engine) as db, db.begin():
+                if db.get(SnapshotRow, snapshot.id) is None:
+                    db.add(SnapshotRow(id=snapshot.id, manifest=snapshot.to_json().decode(), created_at=now()))
+        except IntegrityError:
+            if not self.has_snapshot(snapshot.id):
+                raise
+
+    def has_snapshot(self, snapshot_id: str) -> bool:
+        with DbSession(self.engine) as db:
+            return db.get(SnapshotRow, snapshot_id) is not None
 
     def load_snapshot(self, snapshot_id: str) -> Snapshot:
         with DbSession(self.engine) as db:

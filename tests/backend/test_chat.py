@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import io
 import json
 import os
 import signal
@@ -16,8 +18,10 @@ from typing import Any
 import pytest
 
 from agent.parser import encode_call
+from backend.chat import ChatClient, ChatConfig, ChatError
 from tests.backend.server_process import REPO, ServerProcess
 
+pytestmark = pytest.mark.timeout(30)  # a hung client fails its test (Reader.until blocks on readline)
 ENV = {**os.environ, "NO_COLOR": "1"}
 EDIT_SCRIPT = [
     "Let me look first.\n" + encode_call("read_file", {"path": "a.txt"}),
@@ -209,3 +213,25 @@ def test_reconnects_after_kill9_and_shows_every_event_once(tmp_path: Path, works
         with srv.client() as c:
             logged = c.get(f"/v1/sessions/{shown[0]['session_id']}/events", params={"limit": 5000}).json()["events"]
         assert [e["seq"] for e in logged] == seqs
+
+
+async def test_gives_up_with_a_clear_message_when_the_server_stays_down(
+    tmp_path: Path, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r, w = os.pipe()
+    with ServerProcess(data_dir=tmp_path / "data", allow_roots=[workspace]) as srv, \
+            os.fdopen(r) as stdin, os.fdopen(w, "w") as feed:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        cfg = ChatConfig(srv.url, srv.token, workspace, None, json.loads(scripted(["word " * 400], delay_s=0.02)),
+                         json=True, give_up_s=1.0)
+        out, err = io.StringIO(), io.StringIO()
+        client = asyncio.create_task(ChatClient(cfg, out=out, err=err).run())
+        feed.write("talk\n")
+        feed.flush()
+        while '"assistant_delta"' not in out.getvalue():
+            assert not client.done(), err.getvalue()
+            await asyncio.sleep(0.05)
+        srv.kill9()  # and it never comes back
+        with pytest.raises(ChatError, match="could not reconnect for 1 s"):
+            await asyncio.wait_for(client, 15)
+    assert "reconnecting in 0.2 s" in err.getvalue()

@@ -60,22 +60,21 @@ def check_allowed(raw: str, roots: list[Path]) -> Path:
 @router.post("", status_code=status.HTTP_201_CREATED)
 async def create_session(body: CreateSession, state: StateDep, user: CurrentUser) -> dict[str, Any]:
     roots = state.settings.allowed_roots
+    src = body.workspace
+    origin = check_allowed(src.path if src.path is not None else src.git or "", roots)  # 403 before anything else
     try:
         policy = state.hub.policies.validate(body.policy)
     except PolicyConfigError as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, str(exc)) from None
-    src = body.workspace
     try:
         if src.path is not None:
-            path = check_allowed(src.path, roots)
-            if not path.is_dir():
+            if not origin.is_dir():
                 raise HTTPException(status.HTTP_400_BAD_REQUEST, f"{src.path} is not a directory")
-            workspace = await asyncio.to_thread(state.store.from_dir, path)
-            source = {"kind": "dir", "path": str(path)}
+            workspace = await asyncio.to_thread(state.store.from_dir, origin)
+            source = {"kind": "dir", "path": str(origin)}
         else:
-            repo = check_allowed(src.git or "", roots)
-            workspace = await asyncio.to_thread(state.store.from_git, repo, src.commit)
-            source = {"kind": "git", "path": str(repo), "commit": src.commit}
+            workspace = await asyncio.to_thread(state.store.from_git, origin, src.commit)
+            source = {"kind": "git", "path": str(origin), "commit": src.commit}
     except (WorkspaceError, OSError) as exc:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, f"could not create the workspace: {exc}") from None
     info = await state.hub.create(owner=user.name, workspace=workspace, policy=policy, title=body.title, source=source)
