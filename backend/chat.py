@@ -54,6 +54,12 @@ GIVE_UP_S = 60.0
 FATAL = {401: "the server rejected the token", 403: "forbidden", 404: "no such session"}
 
 
+def demo_policy() -> dict[str, Any]:
+    """``--policy demo``: the bundled demo's recorded outputs, streamed gently."""
+    script = json.loads((Path(__file__).with_name("demo") / "script.json").read_text())
+    return {"kind": "scripted", "outputs": script["outputs"], "chunk_chars": 8, "delay_s": 0.01}
+
+
 class ChatError(Exception):
     """A user-facing failure: printed without a traceback, exit status 1."""
 
@@ -84,7 +90,8 @@ class ChatConfig:
         if (args.workspace is None) == (args.session is None):
             raise ChatError("give --workspace PATH to start a session or --session ID to attach to one")
         try:
-            policy = json.loads(args.policy) if args.policy is not None else {"kind": "openai"}
+            policy = demo_policy() if args.policy == "demo" else (
+                json.loads(args.policy) if args.policy is not None else {"kind": "openai"})
         except json.JSONDecodeError as exc:
             raise ChatError(f"--policy is not valid JSON: {exc}") from None
         if not isinstance(policy, dict):

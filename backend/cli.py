@@ -96,7 +96,7 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     target = p.add_mutually_exclusive_group()
     target.add_argument("--workspace", type=Path, help="start a new session on this directory (on the server)")
     target.add_argument("--session", metavar="ID", help="attach to an existing session (its history is shown first)")
-    p.add_argument("--policy", metavar="JSON", help='policy for a new session (default {"kind": "openai"})')
+    p.add_argument("--policy", metavar="JSON", help='policy for a new session: JSON such as {"kind": "openai"} (the default), or "demo" for the bundled scripted demo')
     p.add_argument("--json", action="store_true", help="print events as JSON lines instead of a transcript")
 
     def run(args: argparse.Namespace) -> int:
@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_serve(sub)
     _add_token(sub)
+    from backend import replay_cli
+
+    replay_cli.add_parser(sub)
     _add_chat(sub)
     return parser
 
@@ -294,6 +297,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     print(f"Flywheel is serving at {url}  (API docs: {url}/docs)", flush=True)
     if token_file.exists():
         print(f"token: {token_file.read_text().strip()}  (staff; stored in {token_file})", flush=True)
+    if token_file.exists():
+        demo = DEMO_DIR / "workspace"
+        if any(demo.resolve().is_relative_to(r) for r in settings.allowed_roots):
+            script = json.loads((DEMO_DIR / "script.json").read_text())
+            print(f"try the demo in another terminal:\n  flywheel chat --server {url} --token "
+                  f"{token_file.read_text().strip()} --workspace {demo} --policy demo\n"
+                  f"  then type: {script['request']}", flush=True)
     print(f"database: {settings.database_url.split('@')[-1]}", flush=True)
     config = uvicorn.Config(create_app(settings), log_level=args.log_level, ws="websockets-sansio")
     server = uvicorn.Server(config)

@@ -251,7 +251,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--quick", action="store_true", help="10 sessions x 3 turns (smoke run)")
     ap.add_argument("--recv-timeout", type=float, default=60.0, help="max seconds between two events of a turn")
-    ap.add_argument("--strict", action="store_true", help="count 409 busy answers after turn_end as errors")
+    ap.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
+                    help="count 409 busy answers after turn_end as errors (default; --no-strict retries them)")
     ap.add_argument("--timeout", type=float, default=600.0, help="bound for the whole run")
     args = ap.parse_args()
     if args.quick:
