@@ -71,7 +71,7 @@ class Client:
     async def run(self, server: Server, go: asyncio.Event, delay: float) -> None:
         url = f"{server.ws_base}/v1/sessions/{self.sid}/ws"
         try:
-            async with connect(url, additional_headers=server.headers(), max_size=None, ping_interval=None,
+            async with connect(url, additional_headers=server.headers, max_size=None, ping_interval=None,
                                open_timeout=60, close_timeout=2) as ws:
                 self.connected.set()
                 await go.wait()
@@ -99,7 +99,7 @@ async def resume(server: Server, sid: str, after: int, timeout: float) -> tuple[
     url = f"{server.ws_base}/v1/sessions/{sid}/ws?after={after}"
     expect = after + 1
     try:
-        async with connect(url, additional_headers=server.headers(), max_size=None, ping_interval=None,
+        async with connect(url, additional_headers=server.headers, max_size=None, ping_interval=None,
                            open_timeout=60, close_timeout=2) as ws:
             await ws.send(json.dumps({"type": "user_message", "text": "Carry on where you stopped."}))
             while True:

@@ -98,7 +98,7 @@ async def run_session(sid: str, server: Server, turns: int, stats: Stats, recv_t
     last = 0
     connected = False
     try:
-        async with connect(url, additional_headers=server.headers(), max_size=None, ping_interval=None,
+        async with connect(url, additional_headers=server.headers, max_size=None, ping_interval=None,
                            open_timeout=60, close_timeout=5) as ws:
             stats.settled += 1
             connected = True

@@ -120,6 +120,46 @@ async def dispatch_latency(n: int) -> dict[str, float]:
     return {"p50_ms": median(lat), "p99_ms": percentile(lat, 99), "max_ms": max(lat), "n": n}
 
 
+class TimedPolicy:
+    """Streams a response in chunks and notes when it handed out the chunk that
+    completes each call, so dispatch is measured through the real Session."""
+
+    name = "timed"
+
+    def __init__(self, text: str, cut: int):
+        self.text, self.cut = text, cut
+        self.handed_at = 0.0
+
+    async def stream(self, prompt):  # noqa: ANN001, ANN201
+        from agent.policy import PolicyChunk
+
+        yield PolicyChunk(self.text[: self.cut])
+        self.handed_at = time.perf_counter()
+        yield PolicyChunk(self.text[self.cut :])  # the closing tag's last byte, then more text
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def session_dispatch_latency(n: int) -> dict[str, float]:
+    from agent.events import ListSink
+    from agent.session import Limits, Session
+
+    probe = Probe()
+    lat: list[float] = []
+    for i in range(n):
+        call = encode_call("probe", {"i": str(i)})
+        text = "thinking... " + call + " and the model keeps writing" * 20
+        policy = TimedPolicy(text, len("thinking... ") + len(call) - 1)
+        session = Session(workspace=None, policy=policy, tools=[probe], sink=ListSink(),
+                          limits=Limits(max_steps=1))
+        await session.run_turn("go")
+        lat.append((probe.started[i] - policy.handed_at) * 1e3)
+    return {"p50_ms": median(lat), "p99_ms": percentile(lat, 99), "max_ms": max(lat), "n": n,
+            "measured": "policy hands out the chunk holding the closing tag's last byte -> tool starts, "
+                        "through Session (parser, validation, events, executor)"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="smaller sizes (for a smoke run)")
@@ -127,8 +167,10 @@ def main() -> None:
     sizes = [10_000, 100_000, 1_000_000] if args.quick else [10_000, 1_000_000, 10_000_000]
     result = throughput(sizes, repeats=3 if not args.quick else 1)
     result["dispatch"] = asyncio.run(dispatch_latency(300 if args.quick else 2000))
+    result["session_dispatch"] = asyncio.run(session_dispatch_latency(200 if args.quick else 1000))
     result["targets"] = {"linearity_ratio_max": 1.5, "dispatch_p99_ms_max": 1.0}
-    result["pass"] = result["linearity_ratio"] <= 1.5 and result["dispatch"]["p99_ms"] < 1.0
+    result["pass"] = (result["linearity_ratio"] <= 1.5 and result["dispatch"]["p99_ms"] < 1.0
+                      and result["session_dispatch"]["p99_ms"] < 1.0)
     write_result("parser", result)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from agent.parser import encode_call
 from backend.chat import ChatClient, ChatConfig, ChatError
-from tests.backend.server_process import REPO, ServerProcess
+from backend.server_process import REPO, ServerProcess
 
 pytestmark = pytest.mark.timeout(30)  # a hung client fails its test (Reader.until blocks on readline)
 ENV = {**os.environ, "NO_COLOR": "1"}

@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from agent.parser import encode_call as call
-from tests.backend.server_process import REPO, ServerProcess
+from backend.server_process import REPO, ServerProcess
 from tests.openai_server import ScriptedChatServer
 
 

@@ -1,4 +1,4 @@
-"""A real ``flywheel serve`` process for end-to-end tests.
+"""``flywheel serve`` as a child process: for end-to-end tests, benchmarks and scripts.
 
     with ServerProcess(data_dir=tmp_path / "data", allow_roots=[ws]) as srv:
         httpx.get(f"{srv.url}/health")
@@ -25,7 +25,7 @@ from types import TracebackType
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 _URL = re.compile(r"Flywheel is serving at (http://\S+)")
 _TOKEN = re.compile(r"^token: (\S+)", re.MULTILINE)
 _READY = re.compile(r"^database: ", re.MULTILINE)  # the last line ``serve`` prints before it listens
@@ -51,6 +51,7 @@ class ServerProcess:
         self.url = ""
         self.token = ""
         self.starts = 0
+        self.peak_rss_kb = 0  # VmHWM read just before the process was stopped
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -100,10 +101,44 @@ class ServerProcess:
                 raise ServerError(f"flywheel serve never answered /health\n{self.logs()}")
             time.sleep(0.05)
 
+    # -- what the process uses (Linux /proc) --------------------------------------
+
+    def status_kb(self) -> dict[str, int]:
+        """VmRSS / VmHWM (kB) of the server; empty once it is gone."""
+        out: dict[str, int] = {}
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith(("VmRSS:", "VmHWM:")):
+                    k, v = line.split(":", 1)
+                    out[k] = int(v.split()[0])
+        except (OSError, ValueError):
+            pass
+        return out
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the server so far (0 once it is gone)."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return 0.0
+        fields = stat.rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def ws_base(self) -> str:
+        return self.url.replace("http://", "ws://", 1)
+
     def kill9(self) -> None:
         """SIGKILL the server and everything it started; no shutdown code runs."""
         if self.proc is None:
             return
+        if self.proc.poll() is None:
+            self.peak_rss_kb = self.status_kb().get("VmHWM", self.peak_rss_kb)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -114,6 +149,7 @@ class ServerProcess:
         """SIGTERM (a graceful shutdown), then SIGKILL after ``timeout``."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        self.peak_rss_kb = self.status_kb().get("VmHWM", self.peak_rss_kb)
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=timeout)
