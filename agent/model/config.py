@@ -1,0 +1,71 @@
+"""The one model config: a dataclass that scales from a ~1M-parameter CPU test
+model to ~1B parameters on a GPU (``preset``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+Precision = Literal["fp32", "bf16", "mxfp8"]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 8192
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 4  # grouped-query attention when < n_heads
+    n_experts: int = 8
+    top_k: int = 2
+    d_ff: int = 256  # hidden size of each expert
+    shared_expert: bool = False  # one always-on expert beside the routed ones
+    max_seq_len: int = 1024
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    aux_loss_coef: float = 0.01  # load-balancing auxiliary loss (0 disables)
+    router_bias_rate: float = 0.0  # auxiliary-loss-free balancing: bias update speed (0 disables)
+    precision: Precision = "fp32"  # matmul numerics of the experts and linears
+
+    def __post_init__(self) -> None:
+        if self.d_model % self.n_heads:
+            raise ValueError("d_model must be divisible by n_heads")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError("n_heads must be divisible by n_kv_heads")
+        if not 1 <= self.top_k <= self.n_experts:
+            raise ValueError("top_k must be in 1..n_experts")
+        if self.precision not in ("fp32", "bf16", "mxfp8"):
+            raise ValueError(f"unknown precision {self.precision!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """``tiny`` (~1M params, CPU tests), ``small`` (~10M, CPU training),
+        ``1b`` (~1B total params, GPU)."""
+        presets = {
+            "tiny": cls(vocab_size=4096, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
+                        d_ff=128, max_seq_len=512),
+            "small": cls(vocab_size=8192, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, n_experts=8, top_k=2,
+                         d_ff=512, max_seq_len=1024),
+            "1b": cls(vocab_size=32768, d_model=1536, n_layers=16, n_heads=16, n_kv_heads=4, n_experts=16, top_k=2,
+                      d_ff=1536, shared_expert=True, max_seq_len=4096),
+        }
+        if name not in presets:
+            raise ValueError(f"unknown preset {name!r}: choose from {', '.join(presets)}")
+        return replace(presets[name], **overrides)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        data = json.loads(text)
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown config fields: {', '.join(sorted(unknown))}")
+        return cls(**data)
