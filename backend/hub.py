@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.events import Event, TurnEnd
+from agent.events import AssistantMessage, Event, TurnEnd
 from agent.history import history_from_events
 from agent.policy import Policy
 from agent.session import Limits, Session
@@ -124,7 +124,8 @@ class Hub:
             events = await asyncio.to_thread(self.log.all_events, info.id)
             if events and not isinstance(events[-1], TurnEnd):
                 last = events[-1]
-                end = TurnEnd(reason="interrupted", steps=0, output_tokens=0,
+                done = [e for e in events if e.turn == last.turn and isinstance(e, AssistantMessage)]
+                end = TurnEnd(reason="interrupted", steps=len(done), output_tokens=sum(e.output_tokens for e in done),
                               detail="the server stopped during this turn",
                               seq=last.seq + 1, session_id=info.id, turn=last.turn)
                 await self.writer.append(end)
@@ -230,6 +231,18 @@ class Hub:
         finally:
             status = "cancelled" if live.cancelled else "idle"
             await asyncio.to_thread(self.log.set_status, live.info.id, status)
+            await self._evict_if_unused(live, finishing=True)
+
+    async def _evict_if_unused(self, live: LiveSession, *, finishing: bool = False) -> None:
+        """Drop a session nobody watches and nothing runs in from memory; the
+        log rebuilds it (conversation, seq, policy position) when it is next used.
+        ``finishing``: called from the turn task itself, in its last step."""
+        busy = live.running and not (finishing and live.turn_task is asyncio.current_task())
+        if busy or live.subscribers or self.live.get(live.info.id) is not live:
+            return
+        del self.live[live.info.id]
+        self._loading.pop(live.info.id, None)
+        await live.session.policy.aclose()
 
     async def interrupt(self, info: SessionInfo) -> bool:
         live = self.live.get(info.id)
@@ -276,6 +289,7 @@ class Hub:
                 last = event.seq
         finally:
             live.subscribers.discard(sub)
+            await self._evict_if_unused(live)
 
 
 class SlowClient(Exception):

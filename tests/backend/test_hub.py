@@ -83,3 +83,20 @@ async def test_events_are_durable_before_subscribers_see_them(hub) -> None:
         if e.type == "turn_end":
             break
     assert checked >= 3
+
+
+async def test_unused_sessions_leave_memory_and_come_back_from_the_log(hub) -> None:
+    h, ws = hub
+    info = await h.create(owner="a", workspace=ws, title="", source={},
+                          policy={"kind": "scripted", "outputs": ["first answer", "second answer"]})
+    await h.send(info, "one")
+    await asyncio.wait_for(h.live[info.id].turn_task, 10)
+    await asyncio.sleep(0.05)
+    assert info.id not in h.live  # nobody watches, nothing runs: evicted
+    await h.send(info, "two")  # rebuilt from the log: same conversation, next output, next seq
+    live = h.live[info.id]
+    assert [m.content for m in live.session.conversation[:2]] == ["one", "first answer"]
+    await asyncio.wait_for(live.turn_task, 10)
+    events = await asyncio.to_thread(h.log.all_events, info.id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.text for e in events if e.type == "assistant_message"] == ["first answer", "second answer"]
