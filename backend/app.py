@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hub = Hub(
             log_=session_log, writer=writer, store=store, sandbox=sandbox,
             policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,
-                                   openai_api_key=settings.openai_api_key),
+                                   openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
             client_queue_events=settings.client_queue_events,
         )
         recovered = await hub.recover()

@@ -43,6 +43,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--base-url", help="OpenAI-compatible base URL (env FLYWHEEL_OPENAI_BASE_URL)")
     p.add_argument("--model", help="model name for --policy openai (env FLYWHEEL_OPENAI_MODEL)")
     p.add_argument("--api-key", help="API key (env FLYWHEEL_OPENAI_API_KEY)")
+    p.add_argument("--api", choices=["chat", "completions"],
+                   help="chat (default) or completions: send the runtime's own rendered prompt, byte for byte "
+                   "what a local policy sees, and get token ids back (use with `flywheel policy serve`)")
     p.add_argument("--json", action="store_true", help="print events as JSON lines instead of a transcript")
     p.add_argument("--max-steps", type=int, default=30, help="model calls per turn (default 30)")
     p.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit for the turn, seconds")
@@ -107,6 +110,65 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _add_policy(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("policy", help="Flywheel's own policy model (serve it over an OpenAI-compatible API)")
+    psub = p.add_subparsers(dest="policy_command", metavar="ACTION", required=True)
+    s = psub.add_parser(
+        "serve", help="serve a checkpoint at /v1 (chat/completions, completions, models)",
+        description="Serve a model checkpoint with continuous batching over an OpenAI-compatible API. "
+        "Prints the base URL once it listens. `flywheel run --policy openai --base-url URL` (or a server "
+        "with FLYWHEEL_OPENAI_BASE_URL) can then use it; /v1/completions also takes and returns token ids.",
+    )
+    s.add_argument("checkpoint", type=Path, help="checkpoint directory (weights, config, tokenizer)")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1; others need --api-key)")
+    s.add_argument("--port", type=int, default=8000,
+                   help="port (default 8000, the OpenAI policy's default; 0 picks a free one)")
+    s.add_argument("--model-name", help="model id to serve under (default: the checkpoint directory's name)")
+    s.add_argument("--max-slots", type=int, default=32, help="sequences decoded together (default 32)")
+    s.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    s.add_argument("--api-key", help="require this bearer token (env FLYWHEEL_POLICY_API_KEY)")
+    s.add_argument("--log-level", default="info")
+
+    def run(args: argparse.Namespace) -> int:
+        from backend.policy_server import serve
+
+        return serve(args)
+
+    s.set_defaults(func=run)
+
+
+def _add_model(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("model", help="train Flywheel's own mixture-of-experts policy model")
+    msub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    t = msub.add_parser(
+        "train", help="pretrain the MoE model on the local code corpus and write a checkpoint",
+        description="Pretrain the MoE policy on Python code available offline (the standard library and "
+        "installed packages) plus synthetic tool-call transcripts. Trains the tokenizer first unless "
+        "--tokenizer is given or OUT already has one. Writes OUT/metrics.jsonl and a checkpoint in OUT.",
+    )
+    t.add_argument("--preset", choices=["tiny", "small", "1b"], default="tiny", help="model size (default tiny)")
+    t.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
+    t.add_argument("--precision", choices=["fp32", "bf16", "mxfp8"], default="fp32",
+                   help="matmul numerics (mxfp8 needs the kernels in kernels/)")
+    t.add_argument("--out", type=Path, default=Path("runs/model"), help="output directory (default runs/model)")
+    t.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
+    t.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--lr", type=float, help="peak learning rate (default: the preset's: tiny 3e-3, small 1e-3)")
+    t.add_argument("--tokenizer", type=Path, metavar="DIR", help="directory with a tokenizer.json to reuse")
+    t.add_argument("--corpus-mb", type=float, default=64.0, help="corpus size cap in MiB (default 64)")
+    t.add_argument("--log-every", type=int, default=10, help="print a line every N steps (default 10)")
+    t.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (default: at the end)")
+    t.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
+
+    def run(args: argparse.Namespace) -> int:
+        from agent.model.train import run_cli
+
+        return run_cli(args)
+
+    t.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flywheel",
@@ -120,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay_cli.add_parser(sub)
     _add_chat(sub)
+    _add_policy(sub)
+    _add_model(sub)
     return parser
 
 
@@ -171,7 +235,7 @@ async def _run(args: argparse.Namespace) -> int:
     if policy_spec is None:
         raise CliError("choose a policy: --policy scripted:FILE.json or --policy openai[:MODEL]")
     policy = make_policy(
-        policy_spec, base_url=args.base_url, model=args.model, api_key=args.api_key
+        policy_spec, base_url=args.base_url, model=args.model, api_key=args.api_key, api=args.api
     ) if policy_spec.startswith("openai") else make_policy(policy_spec)
 
     allow_unsafe = args.unsafe_no_sandbox or os.environ.get("FLYWHEEL_UNSAFE_NO_SANDBOX") == "1"

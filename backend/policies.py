@@ -26,8 +26,10 @@ class PolicyConfigError(ValueError):
 
 
 class PolicyFactory:
-    def __init__(self, *, openai_base_url: str | None, openai_model: str = "default", openai_api_key: str | None = None):
+    def __init__(self, *, openai_base_url: str | None, openai_model: str = "default", openai_api_key: str | None = None,
+                 openai_api: str = "chat"):
         self.openai_base_url = openai_base_url
+        self.openai_api = openai_api
         self.openai_model = openai_model
         self.openai_api_key = openai_api_key
 
@@ -73,5 +75,5 @@ class PolicyFactory:
             return policy
         return OpenAICompatPolicy(OpenAIConfig(
             base_url=self.openai_base_url or "", model=config["model"], api_key=self.openai_api_key,
-            temperature=config["temperature"],
+            temperature=config["temperature"], api=self.openai_api,  # type: ignore[arg-type]
         ))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -49,6 +50,9 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(None, description="OpenAI-compatible server for policy 'openai'")
     openai_model: str = "default"
     openai_api_key: str | None = None
+    openai_api: Literal["chat", "completions"] = Field(
+        "chat", description="'completions' sends the runtime's own rendered prompt (use with `flywheel policy serve`)"
+    )
     sandbox: bool = Field(True, description="run commands under bubblewrap; False refuses run_command")
     client_queue_events: int = Field(2048, ge=16, description="per-client buffer before a slow client is dropped")
     max_sessions_running: int = Field(256, ge=1)

@@ -34,15 +34,21 @@ class ScriptedChatServer:
                     return self._json(401, {"error": {"message": "bad key"}})
                 if server.status != 200:
                     return self._json(server.status, {"error": {"message": "scripted failure"}})
-                if self.path != "/v1/chat/completions":
+                if self.path not in ("/v1/chat/completions", "/v1/completions"):
                     return self._json(404, {"error": {"message": "not found"}})
+                chat = self.path == "/v1/chat/completions"
                 text = server.outputs.pop(0) if server.outputs else ""
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 for i in range(0, len(text), server.chunk_chars):
                     piece = text[i : i + server.chunk_chars]
-                    self._event({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+                    if chat:
+                        self._event({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+                    else:  # completions, with Flywheel's token-in/token-out extension fields
+                        ids = [ord(c) for c in piece]
+                        self._event({"choices": [{"index": 0, "text": piece, "finish_reason": None, "token_ids": ids,
+                                                  "logprobs": {"token_logprobs": [-0.5] * len(ids)}}]})
                 self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
                 self._event({"choices": [], "usage": {"completion_tokens": max(1, len(text) // 3)}})
                 self.wfile.write(b"data: [DONE]\n\n")

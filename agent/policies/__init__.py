@@ -6,7 +6,8 @@ from agent.policy import Policy, PolicyError
 
 
 def make_policy(spec: str, **openai_options: object) -> Policy:
-    """Build a policy from ``scripted:FILE`` or ``openai`` (options from args/env).
+    """Build a policy from ``scripted:FILE``, ``openai`` (options from args/env) or
+    ``local:CHECKPOINT`` (Flywheel's own model, in-process).
 
     Raises :class:`PolicyError` with the accepted forms on anything else.
     """
@@ -23,4 +24,10 @@ def make_policy(spec: str, **openai_options: object) -> Policy:
         if arg:
             openai_options.setdefault("model", arg)
         return OpenAICompatPolicy(OpenAIConfig.from_env(**openai_options))
-    raise PolicyError(f"unknown policy {spec!r}: use scripted:FILE.json or openai[:MODEL]")
+    if kind == "local":
+        from agent.policies.local import LocalPolicy
+
+        if not arg:
+            raise PolicyError("local policy needs a checkpoint directory: --policy local:CHECKPOINT")
+        return LocalPolicy(arg)
+    raise PolicyError(f"unknown policy {spec!r}: use scripted:FILE.json, openai[:MODEL] or local:CHECKPOINT")

@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 
@@ -28,6 +29,12 @@ class OpenAIConfig:
     max_tokens: int = 4096
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 120.0
+    # "chat": /v1/chat/completions with the rendered messages (any server; the
+    # server applies its own chat template). "completions": /v1/completions with
+    # the runtime's own rendered text (``RenderedPrompt.text``), byte for byte
+    # what a local policy sees, and token ids/logprobs back where the server
+    # returns them (``flywheel policy serve`` does): use it for Flywheel's model.
+    api: Literal["chat", "completions"] = "chat"
     extra_body: dict[str, object] = field(default_factory=dict)
 
     @classmethod
@@ -37,6 +44,7 @@ class OpenAIConfig:
             "base_url": os.environ.get("FLYWHEEL_OPENAI_BASE_URL"),
             "model": os.environ.get("FLYWHEEL_OPENAI_MODEL"),
             "api_key": os.environ.get("FLYWHEEL_OPENAI_API_KEY"),
+            "api": os.environ.get("FLYWHEEL_OPENAI_API"),
         }
         values = {k: v for k, v in env.items() if v}
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -55,18 +63,23 @@ class OpenAICompatPolicy:
         )
 
     async def stream(self, prompt: RenderedPrompt) -> AsyncIterator[PolicyChunk]:
-        body = {
+        common = {
             "model": self.config.model,
-            "messages": prompt.messages,
             "stream": True,
             "stream_options": {"include_usage": True},
             "temperature": self.config.temperature,
             "max_tokens": self.config.max_tokens,
             **self.config.extra_body,
         }
-        url = f"{self.config.base_url.rstrip('/')}/chat/completions"
+        if self.config.api == "completions":
+            path = "/completions"
+            body = {**common, "prompt": prompt.text, "stop": list(COMPLETION_STOPS)}
+        else:
+            path = "/chat/completions"
+            body = {**common, "messages": prompt.messages}
+        url = f"{self.config.base_url.rstrip('/')}{path}"
         try:
-            async with self._client.stream("POST", "/chat/completions", json=body) as response:
+            async with self._client.stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     detail = (await response.aread()).decode("utf-8", "replace")[:500]
                     raise PolicyError(f"{url} answered HTTP {response.status_code}: {detail}")
@@ -100,6 +113,24 @@ async def _sse_chunks(response: httpx.Response, url: str) -> AsyncIterator[Polic
             yield chunk
 
 
+COMPLETION_STOPS = ("\n<|end|>", "<|end|>")  # the chat template closes every message with "\n<|end|>"
+
+
+def _token_fields(choice: dict[str, object]) -> tuple[tuple[int, ...], tuple[float, ...]] | tuple[None, None]:
+    """Token ids and their logprobs where the server returns them (Flywheel's
+    ``token_ids`` extension with OpenAI's ``logprobs.token_logprobs``)."""
+    ids = choice.get("token_ids")
+    if ids is None:
+        return (), ()
+    lp = choice.get("logprobs")
+    values = lp.get("token_logprobs") if isinstance(lp, dict) else None
+    if (not isinstance(ids, list) or not all(isinstance(i, int) for i in ids)
+            or not isinstance(values, list) or len(values) != len(ids)
+            or not all(isinstance(v, int | float) for v in values)):
+        return None, None
+    return tuple(ids), tuple(float(v) for v in values)
+
+
 def _read_event(data: object, url: str, payload: str) -> list[PolicyChunk]:
     """One SSE event → chunks. Anything not shaped like a chat completion
     chunk is a :class:`PolicyError`, never a TypeError in the session."""
@@ -119,14 +150,18 @@ def _read_event(data: object, url: str, payload: str) -> list[PolicyChunk]:
         if not isinstance(choice, dict):
             raise bad("a choice is not an object")
         delta = choice.get("delta") or {}
-        text = delta.get("content") if isinstance(delta, dict) else None
+        # chat chunks carry delta.content; completion chunks carry text
+        text = delta.get("content") if isinstance(delta, dict) and "text" not in choice else choice.get("text")
         finish = choice.get("finish_reason")
         if text is not None and not isinstance(text, str):
             raise bad("content is not a string")
         if finish is not None and not isinstance(finish, str):
             raise bad("finish_reason is not a string")
-        if text or finish:
-            out.append(PolicyChunk(text or "", finish_reason=finish))
+        ids, lps = _token_fields(choice)
+        if ids is None:
+            raise bad("token_ids/logprobs are malformed")
+        if text or finish or ids:
+            out.append(PolicyChunk(text or "", token_ids=ids, logprobs=lps, finish_reason=finish))
     tokens = usage.get("completion_tokens")
     if tokens is not None:
         if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:

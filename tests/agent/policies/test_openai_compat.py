@@ -82,3 +82,20 @@ async def test_malformed_stream_events_are_policy_errors(payload: str) -> None:
     with pytest.raises(PolicyError):
         await collect(policy)
     await policy.aclose()
+
+
+async def test_completions_mode_sends_the_rendered_text_and_reads_token_ids() -> None:
+    server = ScriptedChatServer(["Hello <tool_call"])
+    with server.running():
+        policy = OpenAICompatPolicy(OpenAIConfig(base_url=server.base_url, api="completions"))
+        try:
+            text, chunks = await collect(policy)
+        finally:
+            await policy.aclose()
+    body = server.requests[0]["body"]
+    assert server.requests[0]["path"] == "/v1/completions"
+    assert body["prompt"] == PROMPT.text and "messages" not in body  # byte for byte what a local policy sees
+    assert "\n<|end|>" in body["stop"]
+    assert text == "Hello <tool_call"
+    ids = [i for c in chunks for i in c.token_ids]
+    assert ids == [ord(c) for c in text] and all(lp == -0.5 for c in chunks for lp in c.logprobs)

@@ -1,0 +1,407 @@
+"""The generation engine: continuous batching over a KV cache.
+
+    engine = Engine(model, tokenizer, max_slots=32)
+    await engine.start()
+    async for piece in engine.generate(GenerationRequest(prompt_ids=ids, max_tokens=64)):
+        print(piece.text, end="")
+    await engine.stop()
+
+One asyncio task runs the loop; every model forward runs on one worker
+thread, so the event loop stays responsive while the model computes. Each
+iteration of the loop:
+
+1. drops sequences whose consumer went away (the stream was closed);
+2. admits waiting requests while a cache slot is free: each gets a prefill
+   forward (``T`` = prompt length) and its first token; requests admitted
+   together whose prompts have equal length share one prefill forward (RL
+   samples several answers to one prompt at once);
+3. decodes one token for *every* active sequence in ONE batched forward
+   (``T`` = 1, one row per slot, each row at its own position).
+
+So a request that arrives while others are mid-generation joins at the next
+step (continuous batching). Pieces are streamed per sampled token: the token
+id, its logprob, and whatever text became safe to show (see
+:class:`agent.model.sampling.TextStream`).
+
+What a sequence's ``token_ids``/``logprobs`` contain: every token sampled,
+including the one that ended it (``<|end|>``/``<|eos|>``, or the token that
+completed a stop sequence) — RL needs the logprob of stopping too. Its text
+contains neither end tokens nor stop text; a stop sequence may end with an end
+marker (``"\n<|end|>"``), which cuts the text where that stop begins.
+
+Logprobs are those of the model's distribution (unscaled logits), equal to
+``model.logprobs(prompt + generated)`` for the same tokens; see
+:func:`agent.model.sampling.sample` for what that means when sampling at a
+temperature other than 1 or with top-p.
+
+Not done here (on purpose): chunked prefill (a long prompt's prefill delays
+the other sequences' next token by its duration), prefix caching, and
+speculative decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import secrets
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from agent.model.sampling import TextStream, sample
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length"]
+END_TOKENS = ("<|eos|>", "<|end|>")
+
+
+class EngineError(Exception):
+    """A request the engine cannot serve (bad parameters, prompt too long, engine stopped)."""
+
+
+class PromptTooLong(EngineError):
+    """The prompt leaves no room in the sequence for even one generated token."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    max_tokens: int = 256
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)  # on decoded text; the stop text is not emitted
+    seed: int | None = None  # None: a random seed
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedPiece:
+    """One sampled token's worth of output. ``text`` may be empty (held back:
+    a partial UTF-8 character or a possible stop prefix) and the last piece
+    may carry only held-back text; ``finish_reason`` is set on the last piece."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] = ()
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    prompt_tokens: int
+
+
+@dataclass(slots=True)
+class EngineStats:
+    prefills: int = 0
+    prefill_tokens: int = 0
+    decode_steps: int = 0
+    decode_tokens: int = 0
+    max_batch: int = 0  # most sequences decoded in one forward
+
+
+class EngineState(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class _Sequence:
+    """Engine-side state of one request."""
+
+    def __init__(self, request: GenerationRequest, text: TextStream, queue: asyncio.Queue[Any]):
+        self.request = request
+        self.text = text
+        self.queue = queue
+        self.generator = torch.Generator().manual_seed(
+            request.seed if request.seed is not None else secrets.randbits(63)
+        )
+        self.slot = -1
+        self.generated: list[int] = []
+        self.last_token = -1  # sampled, not yet fed to the model
+        self.cancelled = False
+        self.done = False
+
+
+class Engine:
+    def __init__(
+        self, model: torch.nn.Module, tokenizer: Any, *, max_slots: int = 32, max_len: int | None = None,
+        device: str | torch.device = "cpu",
+    ):
+        from agent.model.transformer import KVCache
+
+        self.model = model.to(device).eval()
+        self.tokenizer = tokenizer
+        self.cfg = model.cfg
+        self.device = torch.device(device)
+        self.max_slots = max_slots
+        self.max_len = max_len or self.cfg.max_seq_len
+        # equal-length prompts are prefilled together up to this many tokens per forward
+        # (the forward materialises [B, T, vocab] logits, so this bounds its memory)
+        self.max_prefill_tokens = max(4096, self.max_len)
+        dtype = next(model.parameters()).dtype
+        self.cache = KVCache(self.cfg, max_slots, self.max_len, dtype=dtype, device=self.device)
+        self._end_text = {i: t for t, i in ((t, _token_id(tokenizer, t)) for t in END_TOKENS) if i is not None}
+        self.end_ids = frozenset(self._end_text)
+        self.stats = EngineStats()
+        self.state = EngineState.NEW
+        self._free = list(range(max_slots - 1, -1, -1))
+        self._waiting: deque[_Sequence] = deque()
+        self._active: list[_Sequence] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._worker: ThreadPoolExecutor | None = None
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the loop on the running event loop (a no-op when already running).
+
+        If the event loop the engine ran on is gone (``asyncio.run`` returned and
+        cancelled its tasks), the engine starts afresh on this one; requests of
+        the old loop are dropped.
+        """
+        if self.state is EngineState.RUNNING:
+            assert self._task is not None
+            if not self._task.done():
+                if self._task.get_loop() is not asyncio.get_running_loop():
+                    raise EngineError("the engine is running on another event loop")
+                return
+            self._active.clear()
+            self._waiting.clear()
+            self._free = list(range(self.max_slots - 1, -1, -1))
+            if self._worker is not None:
+                self._worker.shutdown(wait=False)
+        self._wake = asyncio.Event()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-engine")
+        self._task = asyncio.create_task(self._loop(), name="flywheel-engine")
+        self.state = EngineState.RUNNING
+
+    async def stop(self) -> None:
+        """Stop the loop; requests still running or waiting fail with :class:`EngineError`. Idempotent."""
+        self.state = EngineState.STOPPED if self.state is not EngineState.NEW else EngineState.NEW
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        for seq in [*self._active, *self._waiting]:
+            self._fail(seq, EngineError("the engine stopped"))
+        self._active.clear()
+        self._waiting.clear()
+        self._free = list(range(self.max_slots - 1, -1, -1))
+        if self._worker is not None:
+            # a cancelled step's forward may still be running on the worker: let it finish off the loop
+            await asyncio.get_running_loop().run_in_executor(None, self._worker.shutdown)
+            self._worker = None
+
+    # -- requests ----------------------------------------------------------------
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GeneratedPiece]:
+        """Stream the pieces of one generation. Closing the iterator early frees its slot."""
+        self.check(request)
+        if self.state is not EngineState.RUNNING:
+            raise EngineError(f"the engine is {self.state.value}: await engine.start() first")
+        assert self._task is not None
+        if self._task.get_loop() is not asyncio.get_running_loop():
+            raise EngineError("the engine is running on another event loop")
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        seq = _Sequence(request, TextStream(self.tokenizer.decode, request.stop), queue)
+        self._waiting.append(seq)
+        self._wake.set()
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            if not seq.done:
+                seq.cancelled = True
+                self._wake.set()
+
+    async def complete(self, request: GenerationRequest) -> Completion:
+        """Run one request to the end and return everything it produced."""
+        text: list[str] = []
+        ids: list[int] = []
+        lps: list[float] = []
+        finish: FinishReason = "length"
+        async for piece in self.generate(request):
+            text.append(piece.text)
+            ids += piece.token_ids
+            lps += piece.logprobs
+            finish = piece.finish_reason or finish
+        return Completion("".join(text), ids, lps, finish, len(request.prompt_ids))
+
+    def check(self, r: GenerationRequest) -> None:
+        """Raise :class:`EngineError` if the engine cannot serve ``r`` (also done by :meth:`generate`)."""
+        n = len(r.prompt_ids)
+        if n == 0:
+            raise EngineError("the prompt is empty: give at least one token")
+        if n >= self.max_len:
+            raise PromptTooLong(
+                f"the prompt is {n} tokens; this engine holds {self.max_len} tokens per sequence "
+                f"(prompt + output), so prompts must be at most {self.max_len - 1}"
+            )
+        vocab = self.cfg.vocab_size
+        if any(not 0 <= t < vocab for t in r.prompt_ids):
+            raise EngineError(f"prompt token ids must be in [0, {vocab})")
+        if r.max_tokens < 1:
+            raise EngineError("max_tokens must be at least 1")
+        if not r.temperature >= 0:
+            raise EngineError("temperature must be >= 0")
+        if not 0 < r.top_p <= 1:
+            raise EngineError("top_p must be in (0, 1]")
+
+    # -- the loop ----------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        try:
+            await self._serve()
+        except Exception as exc:  # a bug in the loop must not leave callers waiting forever
+            log.exception("the generation engine's loop failed")
+            self.state = EngineState.STOPPED
+            for seq in [*self._active, *self._waiting]:
+                self._fail(seq, EngineError(f"the engine failed: {type(exc).__name__}: {exc}"))
+            self._active.clear()
+            self._waiting.clear()
+
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._active = [s for s in self._active if not self._retire_if_cancelled(s)]
+            admitted: list[_Sequence] = []
+            while self._waiting and len(admitted) < len(self._free):
+                seq = self._waiting.popleft()
+                if not seq.cancelled:
+                    admitted.append(seq)
+            for seq in admitted:
+                seq.slot = self._free.pop()
+                self._active.append(seq)
+            for group in self._prefill_groups(admitted):
+                await self._run_step(loop, group, prefill=True)
+            if not self._active:
+                if not self._waiting:
+                    self._wake.clear()
+                    await self._wake.wait()
+                continue
+            await self._run_step(loop, list(self._active), prefill=False)
+
+    def _prefill_groups(self, seqs: list[_Sequence]) -> list[list[_Sequence]]:
+        """Prompts of equal length share one prefill forward (rows of one call share T),
+        up to :attr:`max_prefill_tokens` tokens per forward; in arrival order."""
+        groups: dict[int, list[list[_Sequence]]] = {}
+        order: list[list[_Sequence]] = []
+        for seq in seqs:
+            n = len(seq.request.prompt_ids)
+            chunks = groups.setdefault(n, [])
+            if not chunks or (len(chunks[-1]) + 1) * n > self.max_prefill_tokens:
+                chunks.append([])
+                order.append(chunks[-1])
+            chunks[-1].append(seq)
+        return order
+
+    async def _run_step(self, loop: asyncio.AbstractEventLoop, seqs: list[_Sequence], *, prefill: bool) -> None:
+        tokens = [s.request.prompt_ids if prefill else [s.last_token] for s in seqs]
+        params = [(s.request.temperature, s.request.top_p, s.generator) for s in seqs]
+        slots = [s.slot for s in seqs]
+        try:
+            ids, lps = await loop.run_in_executor(self._worker, self._forward, tokens, slots, params, prefill)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a model error fails these requests, not the engine
+            for s in seqs:
+                self._fail(s, EngineError(f"the model failed: {type(exc).__name__}: {exc}"))
+            self._active = [s for s in self._active if s not in seqs]
+            return
+        if prefill:
+            self.stats.prefills += 1
+            self.stats.prefill_tokens += sum(map(len, tokens))
+        else:
+            self.stats.decode_steps += 1
+            self.stats.decode_tokens += len(seqs)
+            self.stats.max_batch = max(self.stats.max_batch, len(seqs))
+        finished = [s for s, t, lp in zip(seqs, ids, lps, strict=True) if self._accept(s, t, lp)]
+        if finished:
+            self._active = [s for s in self._active if s not in finished]
+
+    def _forward(
+        self, tokens: list[list[int]], slots: list[int], params: Sequence[tuple[float, float, torch.Generator]],
+        prefill: bool,
+    ) -> tuple[list[int], list[float]]:
+        """Worker thread: one forward over the given slots, then sample one token per row."""
+        with torch.inference_mode():
+            if prefill:  # the slot starts afresh (whatever sequence used it before)
+                for slot in slots:
+                    self.cache.reset(slot)
+            input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+            slot_t = torch.tensor(slots, dtype=torch.long, device=self.device)
+            out = self.model(input_ids, cache=self.cache, slots=slot_t)
+            logits = out.logits[:, -1, :]
+            temperature = torch.tensor([p[0] for p in params], device=self.device)
+            top_p = torch.tensor([p[1] for p in params], device=self.device)
+            uniform = torch.cat([torch.rand(1, generator=p[2]) for p in params]).to(self.device)
+            ids, lps = sample(logits, temperature, top_p, uniform)
+            return ids.tolist(), lps.tolist()
+
+    def _accept(self, seq: _Sequence, token: int, logprob: float) -> bool:
+        """Record a sampled token, stream its piece; True when the sequence is over."""
+        if seq.cancelled:
+            self._release(seq)
+            return True
+        seq.generated.append(token)
+        seq.last_token = token
+        finish: FinishReason | None = None
+        if token in self.end_ids:
+            text, finish = seq.text.end(self._end_text[token]), "stop"
+        else:
+            text, stopped = seq.text.push(token)
+            if stopped:
+                finish = "stop"
+            elif len(seq.generated) >= seq.request.max_tokens or (
+                len(seq.request.prompt_ids) + len(seq.generated) >= self.max_len
+            ):
+                text, finish = text + seq.text.flush(), "length"
+        seq.queue.put_nowait(GeneratedPiece(text, (token,), (logprob,), finish))
+        if finish is not None:
+            seq.done = True
+            self._release(seq)
+            return True
+        return False
+
+    def _retire_if_cancelled(self, seq: _Sequence) -> bool:
+        if seq.cancelled:
+            self._release(seq)
+            return True
+        return False
+
+    def _release(self, seq: _Sequence) -> None:
+        if seq.slot >= 0:
+            self._free.append(seq.slot)
+            seq.slot = -1
+
+    def _fail(self, seq: _Sequence, exc: Exception) -> None:
+        seq.done = True
+        self._release(seq)
+        seq.queue.put_nowait(exc)
+
+
+def _token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of a special token, or None if the tokenizer has no such single token."""
+    try:
+        return int(tokenizer.token_id(token))
+    except KeyError:
+        return None

@@ -1,0 +1,217 @@
+"""The policy model: a decoder-only transformer whose feed-forward layers are
+mixtures of experts (``agent.model.moe``).
+
+Pre-norm blocks ``x + attn(norm(x))``, ``x + moe(norm(x))``; RMSNorm with a
+learned scale; rotary position embeddings (rotate-half form, as in Llama);
+grouped-query attention through ``scaled_dot_product_attention``; untied
+embedding and LM head (untied tensors also keep the safetensors file free of
+shared storage). Numerics follow ``cfg.precision`` (``agent.model.numerics``).
+
+The KV cache is what the generation engine decodes with: a fixed block of
+``max_slots`` sequences × ``max_len`` positions per layer. A forward with a
+cache continues each row's slot at that slot's cached length, so rows with
+different lengths share one call; the causal mask over the cached keys is built
+per row. The cached forward computes the same function as the no-cache forward
+(the tests hold them within 1e-5 in fp32), which is how the engine's logprobs
+equal training logprobs. Not guaranteed: bit-identity between the two paths
+(the attention kernels reduce in different orders), or anything about slots
+whose cached length plus T would exceed ``max_len`` (that raises).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from agent.model.config import ModelConfig
+from agent.model.moe import MoELayer
+from agent.model.numerics import Linear, autocast_for, require_kernels
+
+
+class KVCache:
+    """Keys and values for ``max_slots`` sequences of up to ``max_len`` tokens.
+
+    ``k``/``v``: ``[n_layers, max_slots, n_kv_heads, max_len, head_dim]``;
+    ``lengths[slot]``: tokens cached in that slot. Positions at or beyond a
+    slot's length hold stale data and are never attended to.
+    """
+
+    def __init__(self, cfg: ModelConfig, max_slots: int, max_len: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        if max_len > cfg.max_seq_len:
+            raise ValueError(f"max_len {max_len} exceeds the model's max_seq_len {cfg.max_seq_len}")
+        shape = (cfg.n_layers, max_slots, cfg.n_kv_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.lengths = torch.zeros(max_slots, dtype=torch.long, device=device)
+        self.max_slots, self.max_len = max_slots, max_len
+
+    def reset(self, slot: int) -> None:
+        """Forget a slot's tokens (its stale keys stay but are masked out)."""
+        self.lengths[slot] = 0
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor  # [B, T, V], fp32
+    aux_loss: torch.Tensor  # scalar: aux_loss_coef × mean over layers of E·Σ f_i P_i; 0 when the coefficient is 0
+    expert_counts: torch.Tensor  # [n_layers, n_experts] tokens routed (long)
+
+
+def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[max_seq_len, head_dim/2]``, computed in float64 then stored as fp32."""
+    half = cfg.head_dim // 2
+    inv_freq = cfg.rope_theta ** (-torch.arange(half, dtype=torch.float64) / half)
+    angles = torch.outer(torch.arange(cfg.max_seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [B, H, T, hd]`` by position; ``cos``/``sin`` broadcast as ``[B|1, 1, T, hd/2]``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer, self.n_heads, self.n_kv_heads, self.head_dim = layer, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        p = cfg.precision
+        self.wq = Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, precision=p)
+        self.wk = Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, precision=p)
+        self.wv = Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, precision=p)
+        self.wo = Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, precision=p)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: KVCache | None, slots: torch.Tensor | None, pos: torch.Tensor | None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.wv(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            assert slots is not None and pos is not None
+            ck, cv = cache.k[self.layer], cache.v[self.layer]  # [S, Hkv, L, hd]
+            # Advanced indices (slot, position) around a slice put their dims first: [B, T, Hkv, hd].
+            ck[slots[:, None], :, pos] = k.transpose(1, 2).to(ck.dtype)
+            cv[slots[:, None], :, pos] = v.transpose(1, 2).to(cv.dtype)
+            n_kv = int(pos[:, -1].max()) + 1
+            keys = ck[slots, :, :n_kv].to(q.dtype)
+            values = cv[slots, :, :n_kv].to(q.dtype)
+            # Query at absolute position p sees keys 0..p of its own slot; the rest is padding.
+            mask = torch.arange(n_kv, device=x.device)[None, None, :] <= pos[:, :, None]
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=True)
+        return self.wo(y.transpose(1, 2).reshape(b, t, -1))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.moe_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.moe = MoELayer(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None,
+                slots: torch.Tensor | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, slots, pos)
+        moe = self.moe(self.moe_norm(x))
+        return x + moe.y, moe.aux_loss, moe.counts
+
+
+class MoETransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        require_kernels(cfg.precision)
+        if cfg.head_dim % 2:
+            raise ValueError("head_dim must be even for rotary embeddings")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02), residual output projections scaled by 1/sqrt(2·n_layers)."""
+        out_std = 0.02 / (2 * self.cfg.n_layers) ** 0.5
+        nn.init.normal_(self.embed.weight, std=0.02)
+        nn.init.normal_(self.lm_head.weight, std=0.02)
+        for block in self.blocks:
+            for lin in (block.attn.wq, block.attn.wk, block.attn.wv):
+                nn.init.normal_(lin.weight, std=0.02)
+            nn.init.normal_(block.attn.wo.weight, std=out_std)
+            block.moe.reset_parameters(out_std=out_std)
+
+    def forward(self, input_ids: torch.Tensor, *, cache: KVCache | None = None,
+                slots: torch.Tensor | None = None) -> ModelOutput:
+        b, t = input_ids.shape
+        device = input_ids.device
+        pos = None
+        if cache is None:
+            if t > self.cfg.max_seq_len:
+                raise ValueError(f"sequence of {t} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
+            cos, sin = self.rope_cos[:t][None, None], self.rope_sin[:t][None, None]
+        else:
+            if slots is None or slots.shape != (b,):
+                raise ValueError("a cached forward needs slots: LongTensor[B], one slot per row")
+            slots = slots.to(cache.lengths.device)
+            if slots.unique().numel() != b:
+                raise ValueError("each row must continue a different slot")
+            start = cache.lengths[slots]
+            if int(start.max()) + t > cache.max_len:
+                raise ValueError(f"slot overflow: {int(start.max())} cached + {t} new > max_len {cache.max_len}")
+            pos = start[:, None] + torch.arange(t, device=start.device)
+            cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]
+        with autocast_for(self.cfg.precision, device.type):
+            x = self.embed(input_ids)
+            aux, counts = [], []
+            for block in self.blocks:
+                x, layer_aux, layer_counts = block(x, cos, sin, cache, slots, pos)
+                aux.append(layer_aux)
+                counts.append(layer_counts)
+            logits = self.lm_head(self.norm(x)).float()
+        if cache is not None:
+            cache.lengths[slots] += t
+        coef = self.cfg.aux_loss_coef
+        aux_loss = coef * torch.stack(aux).mean() if coef > 0 else torch.zeros((), device=device)
+        return ModelOutput(logits=logits, aux_loss=aux_loss, expert_counts=torch.stack(counts))
+
+    @torch.no_grad()
+    def logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[B, T-1]``: log p(token t+1 | tokens ≤ t) under a no-cache forward (fp32)."""
+        logits = self(input_ids).logits[:, :-1]
+        return torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+    @torch.no_grad()
+    def update_router_bias(self, expert_counts: torch.Tensor) -> None:
+        """Auxiliary-loss-free balancing step from ``ModelOutput.expert_counts`` (no-op at rate 0)."""
+        for block, counts in zip(self.blocks, expert_counts, strict=True):
+            block.moe.update_bias(counts)
+
+    def num_params(self, *, active: bool = False) -> int:
+        """All parameters, or those one token uses (top_k of n_experts routed experts)."""
+        total = sum(p.numel() for p in self.parameters())
+        if not active:
+            return total
+        idle = self.cfg.n_experts - self.cfg.top_k
+        per_expert = sum(p[0].numel() for b in self.blocks for p in (b.moe.w13, b.moe.w2))
+        return total - idle * per_expert

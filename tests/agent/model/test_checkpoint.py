@@ -1,0 +1,40 @@
+"""Checkpoint save/load: identical logits, the tokenizer and metadata come back, one call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from agent.model.checkpoint import load_checkpoint, load_meta, save_checkpoint
+from agent.model.config import ModelConfig
+from agent.model.tokenizer import Tokenizer
+from agent.model.transformer import MoETransformer
+
+
+def test_round_trip_identical_logits(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    cfg = ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, router_bias_rate=0.01, shared_expert=True)
+    torch.manual_seed(0)
+    model = MoETransformer(cfg).eval()
+    with torch.no_grad():
+        for block in model.blocks:  # the router bias is state and must travel with the weights
+            block.moe.router_bias.normal_(0, 0.1)
+    save_checkpoint(tmp_path, model, tokenizer, step=7, extra={"note": "test"})
+    assert {p.name for p in tmp_path.iterdir()} == {"model.safetensors", "config.json", "tokenizer.json", "meta.json"}
+    assert ModelConfig.from_json((tmp_path / "config.json").read_text()) == cfg
+    loaded, tok = load_checkpoint(tmp_path)
+    assert not loaded.training and loaded.cfg == cfg
+    ids = torch.tensor([tokenizer.encode("def main():\n    return 0\n<|end|>")])
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    assert tok.encode("x = 1") == tokenizer.encode("x = 1")
+    assert load_meta(tmp_path) == {"step": 7, "extra": {"note": "test"}}
+    json.loads((tmp_path / "meta.json").read_text())
+
+
+def test_precision_override(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    cfg = ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size)
+    save_checkpoint(tmp_path, MoETransformer(cfg), tokenizer, step=0)
+    loaded, _ = load_checkpoint(tmp_path, precision="bf16")
+    assert loaded.cfg.precision == "bf16"

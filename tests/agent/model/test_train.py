@@ -1,0 +1,54 @@
+"""A tiny training run lowers the loss, writes metrics and a loadable checkpoint, and is deterministic."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from agent.model.checkpoint import load_checkpoint
+from agent.model.corpus import Corpus
+from agent.model.tokenizer import Tokenizer
+from agent.model.train import TokenBatches, TrainConfig, lr_at, train
+
+
+def test_tiny_run_lowers_loss(small_corpus: Corpus, tokenizer: Tokenizer, tmp_path: Path) -> None:
+    tc = TrainConfig(preset="tiny", steps=30, seq_len=64, batch=8, seed=0, lr=6e-3, out=tmp_path, log_every=10)
+    result = train(tc, corpus=small_corpus, tokenizer=tokenizer, log=io.StringIO())
+    losses = [loss for _, loss in result.losses]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5  # nats
+    assert result.val_loss is not None and result.val_loss < math.log(tokenizer.vocab_size) - 0.5
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 31))
+    assert {"loss", "aux_loss", "balance", "lr", "tokens_per_s"} <= set(records[0])
+    assert records[-1]["val_loss"] is not None and result.val_loss is not None
+    model, _ = load_checkpoint(tmp_path)
+    batch = next(iter(TokenBatches(small_corpus, "val", tokenizer, 2, 32, shuffle=False)))
+    with torch.no_grad():
+        torch.testing.assert_close(model(batch).logits, result.model.eval()(batch).logits, rtol=0, atol=0)
+
+
+def test_deterministic_with_seed(small_corpus: Corpus, tokenizer: Tokenizer, tmp_path: Path) -> None:
+    runs = []
+    for name in ("a", "b"):
+        tc = TrainConfig(steps=3, seq_len=32, batch=4, seed=5, out=tmp_path / name)
+        runs.append(train(tc, corpus=small_corpus, tokenizer=tokenizer, log=io.StringIO(), save=False))
+    assert runs[0].losses == runs[1].losses
+
+
+def test_batches_are_bounded_and_seeded(small_corpus: Corpus, tokenizer: Tokenizer) -> None:
+    a = iter(TokenBatches(small_corpus, "train", tokenizer, 4, 16, seed=1, pool=32))
+    b = iter(TokenBatches(small_corpus, "train", tokenizer, 4, 16, seed=1, pool=32))
+    for _ in range(5):
+        x, y = next(a), next(b)
+        assert x.shape == (4, 17) and torch.equal(x, y)
+        assert int(x.max()) < tokenizer.vocab_size
+
+
+def test_lr_schedule() -> None:
+    tc = TrainConfig(steps=100, lr=1.0, warmup=10, min_lr_frac=0.1)
+    assert lr_at(0, tc) == 0.1 and lr_at(9, tc) == 1.0
+    assert lr_at(99, tc) < 0.11 and all(lr_at(s, tc) >= lr_at(s + 1, tc) for s in range(10, 99))

@@ -1,0 +1,250 @@
+"""``flywheel policy serve``: the OpenAI-compatible endpoint over the real engine.
+
+Most tests talk to a real ``flywheel policy serve`` process on a free port (a
+tiny random model saved as a checkpoint); error paths use the app in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from agent.model.checkpoint import load_checkpoint, save_checkpoint
+from agent.model.config import ModelConfig
+from agent.model.engine import Engine
+from agent.model.transformer import MoETransformer
+from agent.policies.openai_compat import OpenAICompatPolicy, OpenAIConfig
+from agent.prompt import Message, render_prompt
+from backend.cli import main as cli_main
+from backend.policy_server import create_app, render_messages
+from tests.agent.model.test_engine import tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPT = render_prompt([Message("user", "fix the bug"), Message("assistant", "Which one?"), Message("user", "x")], [])
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=1024))
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-ckpt", model, tok, step=0)
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real server process; yields its base URL (…/v1)."""
+    log = tmp_path_factory.mktemp("log") / "server.out"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "backend.cli", "policy", "serve", str(checkpoint), "--port", "0",
+             "--model-name", "tiny", "--log-level", "warning"],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while not (m := re.search(r"at (http://\S+/v1)", log.read_text())):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"policy server did not start:\n{log.read_text()}")
+            time.sleep(0.05)
+        url = m.group(1)
+        while True:
+            try:
+                if httpx.get(f"{url}/models", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"policy server never answered:\n{log.read_text()}")
+            time.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def local(checkpoint: Path):
+    return load_checkpoint(checkpoint)
+
+
+def sse(response: httpx.Response) -> list[object]:
+    return [json.loads(line[6:]) if line != "data: [DONE]" else "[DONE]"
+            for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_chat_messages_render_exactly_like_the_runtime() -> None:
+    assert render_messages([(m["role"], m["content"]) for m in PROMPT.messages]) == PROMPT.text
+
+
+async def test_runtime_openai_policy_works_unchanged(server: str, local) -> None:
+    _, tok = local
+    policy = OpenAICompatPolicy(OpenAIConfig(base_url=server, model="tiny", max_tokens=16))  # temperature 0
+    try:
+        chunks = [c async for c in policy.stream(PROMPT)]
+    finally:
+        await policy.aclose()
+    streamed = "".join(c.text for c in chunks)
+    body = {"model": "tiny", "messages": PROMPT.messages, "temperature": 0, "max_tokens": 16}
+    done = httpx.post(f"{server}/chat/completions", json=body, timeout=30).json()
+    assert streamed == done["choices"][0]["message"]["content"]
+    assert chunks[-1].output_tokens == done["usage"]["completion_tokens"]
+    assert any(c.finish_reason for c in chunks)
+    # the server built the prompt with the runtime's template
+    assert done["usage"]["prompt_tokens"] == len(tok.encode(PROMPT.text))
+
+
+def test_chat_stream_is_in_openai_chunk_format(server: str) -> None:
+    body = {"model": "default", "messages": PROMPT.messages, "max_tokens": 8, "seed": 1, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server}/chat/completions", json=body, timeout=30) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = sse(r)
+    assert events[-1] == "[DONE]"
+    *chunks, usage = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" and c["model"] == "tiny" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len({c["id"] for c in chunks}) == 1
+    assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] <= 8
+
+
+def test_completions_token_in_token_out_match_training_logprobs(server: str, local) -> None:
+    model, tok = local
+    prompt = tok.encode("def add(a, b):\n    return")
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 20, "temperature": 1.0, "seed": 7}
+    [choice] = httpx.post(f"{server}/completions", json=body, timeout=30).json()["choices"]
+    ids, lps = choice["token_ids"], choice["logprobs"]["token_logprobs"]
+    assert choice["prompt_token_ids"] == prompt and len(ids) == len(lps) > 0
+    ref = model.logprobs(torch.tensor([prompt + ids]))[0, len(prompt) - 1 :]
+    assert (ref - torch.tensor(lps)).abs().max().item() <= 1e-5
+    end = {tok.eos_id, tok.end_id}
+    assert choice["text"] == tok.decode([t for t in ids if t not in end])
+
+
+def test_completions_stream_carries_the_same_tokens(server: str, local) -> None:
+    _, tok = local
+    body = {"prompt": "import os", "max_tokens": 10, "seed": 3}
+    whole = httpx.post(f"{server}/completions", json=body, timeout=30).json()["choices"][0]
+    assert whole["prompt_token_ids"] == tok.encode("import os")
+    with httpx.stream("POST", f"{server}/completions", json={**body, "stream": True}, timeout=30) as r:
+        events = sse(r)
+    choices = [e["choices"][0] for e in events[:-1]]
+    assert [t for c in choices for t in c["token_ids"]] == whole["token_ids"]
+    assert "".join(c["text"] for c in choices) == whole["text"]
+    assert [lp for c in choices for lp in c["logprobs"]["token_logprobs"]] == whole["logprobs"]["token_logprobs"]
+
+
+def test_models_lists_the_served_model(server: str) -> None:
+    data = httpx.get(f"{server}/models", timeout=5).json()
+    assert data["object"] == "list" and [m["id"] for m in data["data"]] == ["tiny"]
+
+
+# -- in-process: errors and auth ------------------------------------------------------
+
+
+@pytest.fixture
+def app_client(local) -> Iterator[TestClient]:
+    model, tok = local
+    app = create_app(Engine(model, tok, max_slots=4, max_len=64), model_id="m", api_key="sekret")
+    with TestClient(app, headers={"Authorization": "Bearer sekret"}) as client:
+        yield client
+
+
+def test_errors_are_openai_shaped(app_client: TestClient) -> None:
+    r = app_client.post("/v1/completions", json={"model": "gpt-4", "prompt": "x"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = app_client.post("/v1/completions", json={"prompt": list(range(10, 80))})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    assert "at most 63" in r.json()["error"]["message"]
+    r = app_client.post("/v1/chat/completions", json={"messages": []})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    r = app_client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "n": 2,
+                                                      "stream": True})
+    assert r.status_code == 400 and "n > 1" in r.json()["error"]["message"]
+
+
+def test_n_choices_and_stop(app_client: TestClient) -> None:
+    body = {"prompt": [5, 6, 7], "max_tokens": 6, "n": 3, "seed": 11}
+    choices = app_client.post("/v1/completions", json=body).json()["choices"]
+    assert [c["index"] for c in choices] == [0, 1, 2] and all(len(c["token_ids"]) <= 6 for c in choices)
+    first = choices[0]  # seeded, so n=1 with the same seed repeats it
+    assert len(first["text"]) >= 2
+    stop = first["text"][1:2]
+    got = app_client.post("/v1/completions", json={**body, "n": 1, "stop": stop}).json()["choices"][0]
+    assert got["finish_reason"] == "stop" and got["text"] == first["text"][: first["text"].index(stop)]
+
+
+def test_api_key_is_enforced(app_client: TestClient) -> None:
+    r = app_client.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert app_client.get("/v1/models").status_code == 200
+
+
+def test_refuses_a_public_address_without_a_key(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["policy", "serve", str(checkpoint), "--host", "0.0.0.0"]) == 1
+    assert "without an API key" in capsys.readouterr().err
+
+
+def test_a_client_that_goes_away_frees_its_slot(local) -> None:
+    import socket
+    import threading
+
+    import uvicorn
+
+    model, tok = local
+    engine = Engine(model, tok, max_slots=2, max_len=128)
+    handle = model.register_forward_pre_hook(lambda *_: time.sleep(0.03))  # ~4 s for 120 tokens
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, model_id="m"), log_level="warning", ws="none"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1/completions"
+        with httpx.stream("POST", url, json={"prompt": [5], "max_tokens": 120, "stream": True}, timeout=10) as r:
+            next(r.iter_lines())
+            assert len(engine._active) == 1
+        deadline = time.monotonic() + 2
+        while engine._active and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not engine._active and len(engine._free) == 2  # freed long before the 120 tokens were done
+    finally:
+        handle.remove()
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+async def test_completions_mode_gives_the_runtime_token_in_token_out(server: str, local) -> None:
+    """With api="completions" the server sees exactly ``prompt.text`` (tool turns
+    included, which chat messages cannot carry) and the runtime gets the sampled
+    token ids with logprobs equal to the training forward's."""
+    model, tok = local
+    conv = [Message("user", "look"), Message("assistant", "<tool_call name=\"list_dir\"/>"),
+            Message("tool", '<tool_result name="list_dir" index="0" status="ok">a.py</tool_result>')]
+    prompt = render_prompt(conv, [])
+    policy = OpenAICompatPolicy(OpenAIConfig(base_url=server, model="tiny", max_tokens=12, temperature=1.0,
+                                             api="completions"))
+    try:
+        chunks = [c async for c in policy.stream(prompt)]
+    finally:
+        await policy.aclose()
+    ids = [i for c in chunks for i in c.token_ids]
+    lps = [lp for c in chunks for lp in c.logprobs]
+    assert ids and len(ids) == len(lps)
+    prompt_ids = tok.encode(prompt.text)
+    full = torch.tensor([prompt_ids + ids])
+    expected = model.logprobs(full)[0, len(prompt_ids) - 1 :]
+    assert torch.allclose(torch.tensor(lps), expected, atol=1e-5)
