@@ -75,14 +75,15 @@ class Executor:
             except ToolError:
                 resources = Resources()  # the tool will report the bad argument itself
             deps = [t for r, t in self._pending if r.conflicts_with(resources)]
-        task = asyncio.create_task(self._run(call, deps, submitted), name=f"tool:{call.call_id}")
+        task = asyncio.create_task(self._run(call, deps, submitted, resources), name=f"tool:{call.call_id}")
         self._pending.append((resources, task))
         self._tasks[call.index] = task
         self._calls[call.index] = call
         return task
 
     async def _run(
-        self, call: ToolCall | CallRejected, deps: list[asyncio.Task[CallOutcome]], submitted: float
+        self, call: ToolCall | CallRejected, deps: list[asyncio.Task[CallOutcome]], submitted: float,
+        resources: Resources,
     ) -> CallOutcome:
         if deps:
             await asyncio.wait(deps)
@@ -91,6 +92,7 @@ class Executor:
             result = ToolResult.error(call.message)
         else:
             result = await self._invoke(call)
+        self._ctx.after_call(resources, result)  # the search index learns of edits before anyone reads them
         outcome = CallOutcome(call, result, submitted, started, time.perf_counter())
         self._outcomes[call.index] = outcome  # from here on, cancel() lets it report
         if self._on_result is not None:

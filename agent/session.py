@@ -93,6 +93,7 @@ class Session:
         conversation: Sequence[Message] = (),
         next_seq: int = 1,
         turns_done: int = 0,
+        search_index: Any = None,
     ):
         self.session_id = session_id or uuid.uuid4().hex
         self.workspace = workspace
@@ -100,7 +101,7 @@ class Session:
         self.tools = {t.spec.name: t for t in tools}
         self.specs = [t.spec for t in tools]
         self.sink: EventSink = sink if sink is not None else ListSink()
-        self.ctx = ToolContext(workspace=workspace, sandbox=sandbox)
+        self.ctx = ToolContext(workspace=workspace, sandbox=sandbox, search_index=search_index)
         self.limits = limits
         self.base_system = base_system
         self.conversation: list[Message] = list(conversation)

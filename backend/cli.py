@@ -50,6 +50,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, default=30, help="model calls per turn (default 30)")
     p.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit for the turn, seconds")
     p.add_argument("--data-dir", type=Path, help="keep the workspace here (default: a temporary directory)")
+    p.add_argument("--semantic-search", action="store_true",
+                   help="index the workspace (embeddings + BM25) and give the agent the semantic_search tool")
     p.add_argument(
         "--unsafe-no-sandbox", action="store_true",
         help="run commands WITHOUT isolation if bubblewrap is missing (dangerous)",
@@ -169,6 +171,76 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=run)
 
 
+def _add_index(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "index", help="build or refresh the semantic search index of a directory",
+        description="Chunk, embed and index a directory for semantic_search. Content already embedded "
+        "(in any indexed tree, by the same model) is reused, never embedded again.",
+    )
+    p.add_argument("path", type=Path, help="directory to index")
+    p.add_argument("--model", default=None, help="sentence-transformers model name or path "
+                   "(default: the bundled all-MiniLM-L6-v2)")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="where indexes and the shared embedding cache live "
+                   "(default $FLYWHEEL_INDEX_DIR or ~/.cache/flywheel/index)")
+
+    def run(args: argparse.Namespace) -> int:
+        from embeddings.embedder import DEFAULT_MODEL, SentenceTransformerEmbedder
+        from embeddings.index import WorkspaceIndex
+
+        if not args.path.is_dir():
+            print(f"flywheel index: not a directory: {args.path}", file=sys.stderr)
+            return 2
+        index = WorkspaceIndex(args.path, embedder=SentenceTransformerEmbedder(args.model or DEFAULT_MODEL),
+                               data_dir=args.data_dir)
+        stats = index.refresh(progress=True)
+        print(f"indexed {index.root}: {stats.files} files, {stats.chunks} chunks; "
+              f"embedded {stats.embedded} now, reused {stats.reused} from the cache, "
+              f"{stats.chunks - stats.embedded - stats.reused} unchanged; removed {stats.removed_files} files; "
+              f"{stats.seconds:.1f} s; root {index.root_hash[:12]}; index {index.manifest_path.parent}")
+        index.close()
+        return 0
+
+    p.set_defaults(func=run)
+
+
+def _add_embeddings(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("embeddings", help="the semantic-search embedder: fine-tune it on agent trajectories")
+    esub = p.add_subparsers(dest="embeddings_command", metavar="ACTION", required=True)
+    t = esub.add_parser(
+        "train", help="fine-tune the embedder on (query, chunk) pairs from sessions; keep it only if it wins",
+        description="Collect (query, chunk) pairs from recorded sessions (the user's request or the agent's "
+        "search query -> the chunks it then read or edited), fine-tune the embedder with in-batch negatives "
+        "(MultipleNegativesRankingLoss), evaluate base and fine-tuned on held-out repositories, and keep the "
+        "fine-tuned model only if it is better there. Writes OUT/report.json (both scores, the decision, "
+        "selected_model) and OUT/model when the fine-tuned model wins.",
+    )
+    src = t.add_mutually_exclusive_group(required=True)
+    src.add_argument("--sessions", metavar="DB_URL", help="SQLAlchemy URL of a session log, e.g. sqlite:///data/flywheel.db")
+    src.add_argument("--events", type=Path, metavar="FILE.jsonl", help="events as JSON lines (flywheel run --json)")
+    src.add_argument("--synthetic", metavar="PKGS",
+                     help="SYNTHETIC pairs from installed packages (docstring -> function), for trying the pipeline")
+    t.add_argument("--workspace-root", type=Path, help="with --events: the sessions' starting tree (for chunking)")
+    t.add_argument("--out", type=Path, default=Path("runs/embedder"), help="output directory (default runs/embedder)")
+    t.add_argument("--epochs", type=float, default=1.0, help="training epochs (default 1)")
+    t.add_argument("--max-steps", type=int, default=-1, help="stop after N optimizer steps (default: no limit)")
+    t.add_argument("--batch-size", type=int, default=16, help="pairs per batch = in-batch negatives + 1 (default 16)")
+    t.add_argument("--lr", type=float, default=2e-5, help="learning rate (default 2e-5)")
+    t.add_argument("--base-model", default="all-MiniLM-L6-v2", help="model name or path (default: bundled MiniLM)")
+    t.add_argument("--held-out", metavar="REPO[,REPO]", help="repositories to evaluate on (default: ~30%% of pairs)")
+    t.add_argument("--min-gain", type=float, default=0.0, help="MRR@10 margin the fine-tuned model must exceed")
+    t.add_argument("--max-pairs-per-repo", type=int, default=None, help="with --synthetic: cap pairs per package")
+    t.add_argument("--pairs-out", type=Path, help="also write the collected pairs here (JSONL)")
+    t.add_argument("--seed", type=int, default=0)
+
+    def run(args: argparse.Namespace) -> int:
+        from embeddings.finetune import run_cli
+
+        return run_cli(args)
+
+    t.set_defaults(func=run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="flywheel",
@@ -184,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chat(sub)
     _add_policy(sub)
     _add_model(sub)
+    _add_index(sub)
+    _add_embeddings(sub)
     return parser
 
 
@@ -263,8 +337,17 @@ async def _run(args: argparse.Namespace) -> int:
 
     out = sys.stdout
     sink_fn = (lambda e: print(event_to_json(e), file=out, flush=True)) if args.json else Transcript(out)
+    index = None
+    if args.semantic_search:
+        from embeddings.index import WorkspaceIndex
+
+        print("indexing the workspace for semantic_search…", file=sys.stderr)
+        index = WorkspaceIndex(workspace.root)
+        stats = await asyncio.to_thread(index.refresh, progress=sys.stderr.isatty())
+        print(f"indexed {stats.files} files, {stats.chunks} chunks ({stats.embedded} embedded now)", file=sys.stderr)
     session = Session(
-        workspace=workspace, policy=policy, tools=default_tools(), sink=CallbackSink(sink_fn),
+        workspace=workspace, policy=policy, tools=default_tools(semantic_search=index is not None),
+        search_index=index, sink=CallbackSink(sink_fn),
         sandbox=sandbox, limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout),
     )
     loop = asyncio.get_running_loop()
@@ -278,6 +361,8 @@ async def _run(args: argparse.Namespace) -> int:
         outcome = await session.run_turn(request)
     finally:
         await policy.aclose()
+        if index is not None:
+            index.close()
     if not args.json:
         changed = workspace.diff()
         print()

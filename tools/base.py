@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
+    from embeddings.index import WorkspaceIndex
     from tools.sandbox import Sandbox
     from tools.workspace import Workspace
 
@@ -130,10 +131,19 @@ class ToolError(Exception):
 
 @dataclass(slots=True)
 class ToolContext:
-    """What a running tool may touch: its workspace and the sandbox."""
+    """What a running tool may touch: its workspace, the sandbox, and (optionally)
+    the workspace's search index, which the executor tells about every edit."""
 
     workspace: Workspace
     sandbox: Sandbox | None = None
+    search_index: WorkspaceIndex | None = None
+
+    def after_call(self, resources: Resources, result: ToolResult) -> None:
+        """Tell the search index what a finished call changed: its FileEdits, and
+        whether it may have written anywhere (a shell command). Cheap; no-op without an index."""
+        if self.search_index is not None and (result.edits or WHOLE_TREE in resources.writes):
+            self.search_index.notify_edits([e.path for e in result.edits],
+                                           tree_changed=WHOLE_TREE in resources.writes)
 
 
 @runtime_checkable

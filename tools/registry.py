@@ -5,11 +5,13 @@ from __future__ import annotations
 from tools.base import Tool
 
 
-def default_tools(*, commands: bool = True) -> list[Tool]:
+def default_tools(*, commands: bool = True, semantic_search: bool = False) -> list[Tool]:
     """Fresh instances of every built-in tool, in prompt order.
 
     ``commands=False`` leaves out ``run_command`` (for a server with no
-    sandbox); the model is then never told about it.
+    sandbox); the model is then never told about it. ``semantic_search=True``
+    adds ``semantic_search``, which needs an index on the context
+    (``ToolContext.search_index``, e.g. ``Session(search_index=...)``).
     """
     from tools.edit_file import EditFile
     from tools.glob import Glob
@@ -23,4 +25,8 @@ def default_tools(*, commands: bool = True) -> list[Tool]:
         from tools.run_command import RunCommand
 
         tools.append(RunCommand())
+    if semantic_search:
+        from tools.semantic_search import SemanticSearch
+
+        tools.append(SemanticSearch())
     return tools

