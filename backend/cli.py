@@ -414,8 +414,6 @@ def _cmd_token_create(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    import socket
-
     import uvicorn
 
     from backend.app import create_app
@@ -434,10 +432,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except InsecureSettings as exc:
         print(f"flywheel serve: {exc}", file=sys.stderr)
         return 1
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    from backend.net import bind_socket
+
     try:
-        sock.bind((settings.host, settings.port))
+        sock = bind_socket(settings.host, settings.port)
     except OSError as exc:
         print(f"flywheel serve: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import secrets
 import sys
@@ -325,24 +324,16 @@ def create_app_from_checkpoint(
     return create_app(engine, model_id=model_id or checkpoint.resolve().name, api_key=api_key)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def serve(args: argparse.Namespace) -> int:
     """``flywheel policy serve``: load the checkpoint, listen, print the base URL, serve until interrupted."""
     import os
-    import socket
 
     import uvicorn
 
+    from backend.net import bind_socket, is_loopback
+
     api_key = args.api_key or os.environ.get("FLYWHEEL_POLICY_API_KEY") or None
-    if not _is_loopback(args.host) and not api_key:
+    if not is_loopback(args.host) and not api_key:
         print(f"flywheel policy serve: refusing to serve on {args.host} without an API key "
               "(--api-key or FLYWHEEL_POLICY_API_KEY); loopback addresses need none", file=sys.stderr)
         return 1
@@ -355,10 +346,8 @@ def serve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"flywheel policy serve: cannot load {args.checkpoint}: {exc}", file=sys.stderr)
         return 1
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((args.host, args.port))
+        sock = bind_socket(args.host, args.port)
     except OSError as exc:
         print(f"flywheel policy serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

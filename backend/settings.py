@@ -12,11 +12,11 @@ Fail-closed rules (checked by :meth:`Settings.check_secure`):
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from pathlib import Path
 from typing import Literal
 
+from backend.net import is_loopback
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -70,12 +70,7 @@ class Settings(BaseSettings):
 
     @property
     def is_loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
+        return is_loopback(self.host)
 
     def check_secure(self, *, token_count: int) -> None:
         """Raise :class:`InsecureSettings` for an unsafe exposed configuration."""
