@@ -152,6 +152,9 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     t.add_argument("--precision", choices=["fp32", "bf16", "mxfp8"], default="fp32",
                    help="matmul numerics (mxfp8 needs the kernels in kernels/)")
+    t.add_argument("--mxfp8-scope", choices=["all", "experts"], default="all",
+                   help="with --precision mxfp8: all = experts, shared expert and attention projections; "
+                   "experts = only the routed experts (the rest fp32). Default all")
     t.add_argument("--out", type=Path, default=Path("runs/model"), help="output directory (default runs/model)")
     t.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (default 256)")
     t.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")

@@ -7,13 +7,18 @@ the input bytes read. The ratio is reference throughput / torchao throughput.
 Before timing, each pair is checked byte for byte (the random normal data has
 no case where torchao departs from the spec).
 
-GPU (when CUDA is available): the Triton kernel's GB/s (input read, and all
-traffic: input + 1 byte per element + 1 per 32) and that traffic as a
-fraction of the device's peak memory bandwidth, after checking it is
-bit-identical to the reference on the same device. Without CUDA this records
-``"gpu": "skipped: no CUDA device"``.
+GPU (when CUDA is available): the Triton kernel on 16384x8192 float32 and
+bfloat16, quantised along the last axis and along axis 0 (the token axis of
+the weight-gradient GEMM), after checking it is bit-identical to the torch
+reference on the same device in both scale modes. GB/s counts all traffic
+(input + 1 byte per element + 1 per 32), timed with ``triton.testing.do_bench``;
+reported for every tile (blocks per program x warps), as a fraction of the
+datasheet's peak bandwidth and of a device-to-device copy measured in the same
+run, and against the torch reference on the GPU. Without CUDA this records
+``"gpu": "skipped: no CUDA device"``; ``--gpu-only`` writes just that section
+to ``quantize_gpu.json`` (the CPU figures stay those of the CPU machine).
 
-Usage: python benchmarks/quantize.py [--quick]
+Usage: python benchmarks/quantize.py [--quick] [--gpu-only]
 """
 
 from __future__ import annotations
@@ -96,42 +101,67 @@ def cpu_section(rows: int, cols: int, repeats: int) -> dict:
 
 
 def gpu_section(quick: bool) -> dict | str:
+    """Triton kernel on CUDA: bit-identity, a tile sweep, GB/s against nominal and measured copy bandwidth."""
     if not torch.cuda.is_available():
-        return "skipped: no CUDA device"
-    from kernels.triton_mx import quantize_mx_triton
+        return "skipped: no CUDA device here (scripts/gpu_check.sh writes quantize_gpu.json on a GPU machine)"
+    from triton.testing import do_bench
+
+    from kernels.triton_mx import GPU_TILE, quantize_mx_triton
 
     name = torch.cuda.get_device_name()
     peak = next((bw for key, bw in PEAK_BANDWIDTH.items() if key in name), None)
     rows, cols = (4096, 4096) if quick else (16384, 8192)
-    out: dict = {"device": name, "peak_bytes_per_s": peak, "shape": [rows, cols], "cases": {}}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    base = torch.randn(rows, cols, device="cuda", generator=g)
+    # the achievable ceiling on this device: a device-to-device copy (read + write)
+    copy_s = do_bench(lambda: base.clone(), warmup=25, rep=200) / 1e3
+    copy_bw = 2 * base.numel() * 4 / copy_s
+    out: dict = {"device": name, "torch": torch.__version__, "peak_bytes_per_s": peak,
+                 "copy_bytes_per_s": copy_bw, "shape": [rows, cols], "default_tile": list(GPU_TILE), "cases": {}}
+    tiles = [(b, w) for b in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8) if b * 32 >= w * 32]
     for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(rows, cols, device="cuda").to(dtype)
-        got, want = quantize_mx_triton(x), quantize_mx(x)
-        identical = bool(torch.equal(got.data, want.data) and torch.equal(got.scales, want.scales))
-        for _ in range(3):
-            quantize_mx_triton(x)
-        torch.cuda.synchronize()
-        ts = [timed(lambda: quantize_mx_triton(x), torch.cuda.synchronize) for _ in range(10 if quick else 30)]  # noqa: B023
-        s = median(ts)
-        read = x.numel() * x.element_size()
-        traffic = read + x.numel() + x.numel() // 32
-        out["cases"][str(dtype).removeprefix("torch.")] = {
-            "bit_identical_to_reference": identical,
-            "seconds": s,
-            "gb_per_s_input": read / s / 1e9,
-            "gb_per_s_total": traffic / s / 1e9,
-            "fraction_of_peak": traffic / s / peak if peak else None,
-        }
+        x = base.to(dtype)
+        for axis in (-1, 0):
+            case: dict = {}
+            for mode in (ScaleMode.RCEIL, ScaleMode.FLOOR):
+                got, want = quantize_mx_triton(x, axis=axis, mode=mode), quantize_mx(x, axis=axis, mode=mode)
+                case[f"bit_identical_to_reference_{mode}"] = bool(
+                    torch.equal(got.data, want.data) and torch.equal(got.scales, want.scales))
+            traffic = x.numel() * x.element_size() + x.numel() + x.numel() // 32
+            sweep = {}
+            for tile in tiles:
+                ms = do_bench(lambda: quantize_mx_triton(x, axis=axis, tile=tile), warmup=10,  # noqa: B023
+                              rep=30 if quick else 100)
+                sweep[f"{tile[0]}x{tile[1]}"] = traffic / (ms / 1e3) / 1e9
+            ref_ms = do_bench(lambda: quantize_mx(x, axis=axis), warmup=3, rep=30 if quick else 100)  # noqa: B023
+            best = max(sweep, key=sweep.__getitem__)
+            default = f"{GPU_TILE[0]}x{GPU_TILE[1]}"
+            case.update({
+                "gb_per_s_total_by_tile": sweep,
+                "best_tile": best,
+                "gb_per_s_total_best": sweep[best],
+                "gb_per_s_total_default_tile": sweep[default],
+                "fraction_of_peak_default_tile": sweep[default] * 1e9 / peak if peak else None,
+                "fraction_of_copy_default_tile": sweep[default] * 1e9 / copy_bw,
+                "torch_reference_gb_per_s_total": traffic / (ref_ms / 1e3) / 1e9,
+                "triton_over_torch_reference": sweep[default] / (traffic / (ref_ms / 1e3) / 1e9),
+            })
+            out["cases"][f"{str(dtype).removeprefix('torch.')}/axis{axis}"] = case
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1024x1024, 3 repeats (a smoke run)")
+    ap.add_argument("--gpu-only", action="store_true", help="only the CUDA section, written to quantize_gpu.json")
     args = ap.parse_args()
+    suffix = "_quick" if args.quick else ""
+    if args.gpu_only:
+        write_result("quantize_gpu" + suffix, {"gpu": gpu_section(args.quick)})
+        return
     rows, cols, repeats = (1024, 1024, 3) if args.quick else (4096, 4096, 7)
     cpu = cpu_section(rows, cols, repeats)
-    write_result("quantize" + ("_quick" if args.quick else ""), {"cpu": cpu, "gpu": gpu_section(args.quick)})
+    write_result("quantize" + suffix, {"cpu": cpu, "gpu": gpu_section(args.quick)})
 
 
 if __name__ == "__main__":

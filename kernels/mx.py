@@ -160,13 +160,14 @@ def encode_e4m3(bits: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     """
     sign = (bits >> 24) & 0x80
     mag = bits & _ABS_MASK
-    sig = torch.where(mag >= 0x00800000, (mag & 0x7FFFFF) | 0x800000, mag & 0x7FFFFF)
-    ex = torch.where(mag >= 0x00800000, (mag >> 23) - 127, torch.full_like(mag, -126))
-    # normalise float32 denormals so the leading bit sits at bit 23 (a zero stays zero)
-    for s in (16, 8, 4, 2, 1):
-        need = sig < (1 << (24 - s))
-        sig = torch.where(need, sig << s, sig)
-        ex = ex - need.to(torch.int32) * s
+    # significand with its leading bit at bit 23, and that bit's exponent. A
+    # float32 denormal's leading bit is found by converting the integer ``mag``
+    # (< 2**23, so exactly) to float32 and reading its exponent. A zero stays
+    # zero. Shifts are clamped to 0..31 on the branch ``where`` discards.
+    is_normal = mag >= 0x00800000
+    lead = (mag.to(torch.float32).view(torch.int32) >> 23) - 127
+    sig = torch.where(is_normal, (mag & 0x7FFFFF) | 0x800000, mag << (23 - lead).clamp(0, 31))
+    ex = torch.where(is_normal, (mag >> 23) - 127, lead - 149)
     t = ex - e  # exponent of the scaled value's leading bit
     # E4M3 keeps 3 bits below the leading one for t >= -6; below that the
     # quantum is fixed at 2**-9 (denormals), so shift further.

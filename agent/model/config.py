@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 Precision = Literal["fp32", "bf16", "mxfp8"]
+MXFP8Scope = Literal["all", "experts"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class ModelConfig:
     aux_loss_coef: float = 0.01  # load-balancing auxiliary loss (0 disables)
     router_bias_rate: float = 0.0  # auxiliary-loss-free balancing: bias update speed (0 disables)
     precision: Precision = "fp32"  # matmul numerics of the experts and linears
+    # under mxfp8: "all" = routed experts, shared expert and attention projections in MXFP8;
+    # "experts" = only the routed experts' grouped GEMMs (torchao/torchtitan's default filter), the rest fp32
+    mxfp8_scope: MXFP8Scope = "all"
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -37,6 +41,13 @@ class ModelConfig:
             raise ValueError("top_k must be in 1..n_experts")
         if self.precision not in ("fp32", "bf16", "mxfp8"):
             raise ValueError(f"unknown precision {self.precision!r}")
+        if self.mxfp8_scope not in ("all", "experts"):
+            raise ValueError(f"unknown mxfp8_scope {self.mxfp8_scope!r}: choose all or experts")
+
+    @property
+    def dense_precision(self) -> Precision:
+        """Numerics of the attention projections and the shared expert (``mxfp8_scope`` can keep them fp32)."""
+        return "fp32" if self.precision == "mxfp8" and self.mxfp8_scope == "experts" else self.precision
 
     @property
     def head_dim(self) -> int:

@@ -150,7 +150,7 @@ class MoELayer(nn.Module):
         self.register_buffer("router_bias", torch.zeros(e))
         self.w13 = nn.Parameter(torch.empty(e, d, 2 * f))
         self.w2 = nn.Parameter(torch.empty(e, f, d))
-        self.shared = SharedExpert(d, f, cfg.precision) if cfg.shared_expert else None
+        self.shared = SharedExpert(d, f, cfg.dense_precision) if cfg.shared_expert else None
         self.reset_parameters(out_std=0.02)
 
     def reset_parameters(self, out_std: float) -> None:

@@ -89,7 +89,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.layer, self.n_heads, self.n_kv_heads, self.head_dim = layer, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        p = cfg.precision
+        p = cfg.dense_precision
         self.wq = Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, precision=p)
         self.wk = Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, precision=p)
         self.wv = Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, precision=p)

@@ -127,3 +127,15 @@ def test_rejects_bad_arguments() -> None:
         grouped_mm(x, w, offsets[:-1])
     with pytest.raises(ValueError):
         grouped_mm(x[:, :3], w, offsets)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (scripts/gpu_check.sh runs it)")
+@pytest.mark.parametrize("counts", COUNTS, ids=len)
+def test_mxfp8_on_cuda_equals_cpu(counts: list[int]) -> None:
+    """The GPU path (Triton quantiser, emulated or hardware products) gives the CPU path's numbers."""
+    x, w, offsets, grad = problem(counts, k=128, n=96)
+    cpu = run("mxfp8", x, w, offsets, grad)
+    gpu = run("mxfp8", x.cuda(), w.cuda(), offsets.cuda(), grad.cuda())
+    for a, b in zip(gpu, cpu, strict=True):
+        # the quantised operands are bit-identical; only the float32 summation order differs
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-4, atol=1e-4)

@@ -71,3 +71,23 @@ def test_non_contiguous_input() -> None:
 def test_empty_input() -> None:
     mx = quantize_mx_triton(torch.ones(0, BLOCK, device=DEVICE))
     assert mx.data.shape == (0, BLOCK) and mx.scales.shape == (0, 1)
+
+
+@pytest.mark.parametrize("shape,axis", [((64, 96), -1), ((64, 96), 0), ((3, 50, 4), 1)])
+def test_64bit_index_path_gives_the_same_bytes(shape: tuple[int, ...], axis: int,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Tensors past 2**31 elements index in int64; force that path on a small tensor."""
+    import kernels.triton_mx as triton_mx
+
+    x = adversarial(shape, torch.float32, seed=3)
+    monkeypatch.setattr(triton_mx, "INDEX32_LIMIT", 0)
+    assert same_bytes(quantize_mx_triton(x.to(DEVICE), axis=axis), quantize_mx(x, axis=axis))
+
+
+def test_tile_changes_speed_not_bytes() -> None:
+    x = adversarial((64, 128), torch.float32, seed=5).to(DEVICE)
+    want = quantize_mx(x.cpu())
+    for tile in [(8, 1), (16, 2), (64, 4)]:
+        assert same_bytes(quantize_mx_triton(x, tile=tile), want)
+    with pytest.raises(ValueError, match="power of two"):
+        quantize_mx_triton(x, tile=(12, 1))
