@@ -40,11 +40,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             except SandboxUnavailable as exc:
                 log.warning("%s — run_command is disabled for this server", exc)
         writer = EventWriter(session_log)
+        indexes = None
+        if settings.semantic_search:
+            from embeddings.background import IndexPool
+
+            indexes = IndexPool(settings.data_dir / "index")
         hub = Hub(
             log_=session_log, writer=writer, store=store, sandbox=sandbox,
             policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,
                                    openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
-            client_queue_events=settings.client_queue_events,
+            client_queue_events=settings.client_queue_events, indexes=indexes,
         )
         recovered = await hub.recover()
         if recovered:

@@ -19,7 +19,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.events import AssistantMessage, Event, TurnEnd
 from agent.history import history_from_events
@@ -31,6 +31,10 @@ from tools.base import Tool
 from tools.registry import default_tools
 from tools.sandbox import Sandbox
 from tools.workspace import Workspace, WorkspaceStore
+
+if TYPE_CHECKING:
+    from embeddings.background import BackgroundIndex, IndexPool
+    from embeddings.index import WorkspaceIndex
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +105,7 @@ class Hub:
     def __init__(
         self, *, log_: SessionLog, writer: EventWriter, store: WorkspaceStore, sandbox: Sandbox | None,
         policies: PolicyFactory, client_queue_events: int = 2048, limits: Limits = Limits(),
+        indexes: IndexPool | None = None,
     ):
         self.log = log_
         self.writer = writer
@@ -109,11 +114,22 @@ class Hub:
         self.policies = policies
         self.client_queue_events = client_queue_events
         self.limits = limits
+        self.indexes = indexes  # None: no semantic_search tool
         self.live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Lock] = {}
 
     def tools(self) -> list[Tool]:
-        return default_tools(commands=self.sandbox is not None)
+        return default_tools(commands=self.sandbox is not None, semantic_search=self.indexes is not None)
+
+    def search_index(self, workspace: Workspace) -> BackgroundIndex | None:
+        """The live session's index (built in the background once a turn starts)."""
+        return self.indexes.get(workspace.root) if self.indexes is not None else None
+
+    async def complete_index(self, workspace: Workspace) -> WorkspaceIndex | None:
+        """A fully built index for a replay's workspace (replays must not see "still being built")."""
+        if self.indexes is None:
+            return None
+        return await asyncio.to_thread(self.indexes.build_now, workspace.root)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -140,6 +156,8 @@ class Hub:
             for sub in list(live.subscribers):
                 sub.close()
             await live.session.policy.aclose()
+        if self.indexes is not None:
+            self.indexes.close()
 
     # -- sessions --------------------------------------------------------------
 
@@ -170,6 +188,7 @@ class Hub:
                 workspace=workspace, policy=policy or self.policies.build(info.policy, consumed=len(h.outputs)), tools=self.tools(),
                 sink=_PersistThenBroadcast(self, info.id), sandbox=self.sandbox, limits=self.limits,
                 session_id=info.id, conversation=h.conversation, next_seq=h.last_seq + 1, turns_done=h.turns,
+                search_index=self.search_index(workspace),
             )
             live = LiveSession(info, session, workspace)
             self.live[info.id] = live
@@ -195,6 +214,7 @@ class Hub:
         )
         session = await run_recording(
             truncate_at_step(turns, from_step), workspace=workspace, tools=self.tools(), sandbox=self.sandbox,
+            search_index=await self.complete_index(workspace),
             sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
         )
         session.policy = self.policies.build(policy)
@@ -225,6 +245,9 @@ class Hub:
     async def _turn(self, live: LiveSession, text: str | None) -> None:
         try:
             await asyncio.to_thread(self.log.set_status, live.info.id, "running")
+            index = live.session.ctx.search_index
+            if index is not None:
+                index.start()  # queued on the pool's worker; the turn does not wait for it
             await live.session.run_turn(text)
         except Exception:
             log.exception("session %s: turn failed", live.info.id)

@@ -83,11 +83,11 @@ class ReexecuteReport:
 
 async def run_recording(
     turns: list[RecordedTurn], *, workspace: Workspace, tools: list[Tool], sandbox: Any, sink: EventSink,
-    session_id: str | None = None,
+    session_id: str | None = None, search_index: Any = None,
 ) -> Session:
     """Drive a fresh Session through recorded turns (one scripted policy per turn)."""
     session = Session(workspace=workspace, policy=ScriptedPolicy([]), tools=tools, sink=sink, sandbox=sandbox,
-                      session_id=session_id)
+                      session_id=session_id, search_index=search_index)
     for turn in turns:
         session.policy = ScriptedPolicy(turn.outputs, chunk_chars=256)
         session.limits = Limits(max_steps=max(1, len(turn.outputs)))
@@ -128,10 +128,12 @@ def _call_order(call_id: str) -> tuple[int, ...]:
 
 
 async def reexecute(
-    session_id: str, events: list[Event], *, workspace: Workspace, tools: list[Tool], sandbox: Any
+    session_id: str, events: list[Event], *, workspace: Workspace, tools: list[Tool], sandbox: Any,
+    search_index: Any = None,
 ) -> ReexecuteReport:
     sink = ListSink()
-    await run_recording(recorded_turns(events), workspace=workspace, tools=tools, sandbox=sandbox, sink=sink)
+    await run_recording(recorded_turns(events), workspace=workspace, tools=tools, sandbox=sandbox, sink=sink,
+                        search_index=search_index)
     return compare(session_id, events, sink.events)
 
 

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
         "chat", description="'completions' sends the runtime's own rendered prompt (use with `flywheel policy serve`)"
     )
     sandbox: bool = Field(True, description="run commands under bubblewrap; False refuses run_command")
+    semantic_search: bool = Field(
+        True, description="give sessions the semantic_search tool; each workspace is indexed in the background "
+        "(embeddings cached in data_dir/index, shared by all workspaces)")
     client_queue_events: int = Field(2048, ge=16, description="per-client buffer before a slow client is dropped")
     max_sessions_running: int = Field(256, ge=1)
 

@@ -182,9 +182,12 @@ class WorkspaceIndex:
         return self._vectors
 
     # -- updating -------------------------------------------------------------
-    def refresh(self, *, progress: bool = False, save: bool = True) -> UpdateStats:
+    def refresh(self, *, progress: bool = False, save: bool = True,
+                on_progress: Callable[[int, int], None] | None = None) -> UpdateStats:  # fmt: skip
         """Bring the index up to date with the tree: new, changed (by size/mtime,
-        then content hash) and deleted files. Unchanged files cost one stat."""
+        then content hash) and deleted files. Unchanged files cost one stat.
+        ``progress`` draws a bar on stderr; ``on_progress(done, total)`` is
+        called after each batch of files (for servers)."""
         t0 = time.perf_counter()
         stats = UpdateStats()
         seen: set[str] = set()
@@ -206,15 +209,23 @@ class WorkspaceIndex:
 
                 bar = tqdm(total=len(changed), desc="indexing", unit="file")
             batch: list[tuple[str, bytes | None]] = []
+            done = 0
+            if on_progress is not None:
+                on_progress(0, len(changed))
             for rel in changed:  # batches: one embedding call covers several small files
                 batch.append((rel, self._read(rel)))
                 if len(batch) >= 16 or sum(len(d or b"") for _, d in batch) > 256_000:
                     stats.add(self._update_many(batch))
+                    done += len(batch)
+                    if on_progress is not None:
+                        on_progress(done, len(changed))
                     if bar is not None:
                         bar.update(len(batch))
                         bar.set_postfix(chunks=len(self._chunks), embedded=stats.embedded, refresh=False)
                     batch = []
             stats.add(self._update_many(batch + [(p, None) for p in gone]))
+            if on_progress is not None:
+                on_progress(len(changed), len(changed))
             if bar is not None:
                 bar.update(len(batch))
                 bar.close()

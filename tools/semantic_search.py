@@ -16,7 +16,8 @@ SNIPPET_CHARS = 120
 
 class SemanticSearch:
     """Needs ``ctx.search_index`` (a :class:`embeddings.index.WorkspaceIndex` over
-    ``ctx.workspace.root``). Not guaranteed: results are ranked by similarity, so a
+    ``ctx.workspace.root``, or a server's :class:`embeddings.background.BackgroundIndex`,
+    which answers "still being built" as an error result). Not guaranteed: results are ranked by similarity, so a
     query always returns the nearest chunks even when none is relevant."""
 
     spec = ToolSpec(
@@ -54,7 +55,12 @@ class SemanticSearch:
         index = ctx.search_index
         if index is None:
             raise ToolError("semantic search is not available in this workspace (no index); use grep")
-        hits = await asyncio.to_thread(index.search, query, k, glob)
+        from embeddings.background import IndexNotReady
+
+        try:
+            hits = await asyncio.to_thread(index.search, query, k, glob)
+        except IndexNotReady as exc:
+            raise ToolError(str(exc)) from None
         if not hits:
             where = f" in files matching {glob!r}" if glob else ""
             return ToolResult(True, f"no results{where}", data={"results": 0})

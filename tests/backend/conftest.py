@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -65,8 +67,9 @@ class Api:
         return r.json()
 
 
-@pytest.fixture
-def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
+@contextmanager
+def make_api(db_url: str, tmp_path: Path, **settings: Any) -> Iterator[Api]:
+    """A running app on ``db_url`` with users alice, bob (users) and sue (staff), and a one-file source tree."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "app.py").write_text("def add(a, b):\n    return a - b\n")
@@ -76,6 +79,14 @@ def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
     tokens = {name: log.create_token(name, role) for name, role in
               [("alice", "user"), ("bob", "user"), ("sue", "staff")]}
     engine.dispose()
-    settings = Settings(data_dir=tmp_path / "data", db_url=db_url, allowed_roots=[src], port=0)
-    with TestClient(create_app(settings)) as client:
-        yield Api(client, tokens, src, settings)
+    s = Settings(data_dir=tmp_path / "data", db_url=db_url, allowed_roots=[src], port=0, **settings)
+    with TestClient(create_app(s)) as client:
+        yield Api(client, tokens, src, s)
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
+    # semantic_search off: these tests are about the API, and indexing would load the embedder in each
+    # (tests/backend/test_semantic_search_api.py runs the server with it on, as deployed)
+    with make_api(db_url, tmp_path, semantic_search=False) as a:
+        yield a

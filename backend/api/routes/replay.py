@@ -35,7 +35,7 @@ async def reexecute_session(info: SessionDep, state: StateDep) -> dict[str, Any]
     workspace = await asyncio.to_thread(state.store.from_snapshot, snapshot)
     try:
         report = await reexecute(info.id, events, workspace=workspace, tools=state.hub.tools(),
-                                 sandbox=state.hub.sandbox)
+                                 sandbox=state.hub.sandbox, search_index=await state.hub.complete_index(workspace))
     finally:
         await asyncio.to_thread(workspace.delete)
     return report.to_json()

@@ -1,0 +1,70 @@
+"""The server as deployed (semantic_search on): sessions index their workspace in the background,
+the tool answers "still being built" until then, edits reach the index, and re-execution matches."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.parser import encode_call as call
+from tests.backend.conftest import Api, make_api
+from tests.backend.test_sessions_api import wait_turn_end
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def search_api(tmp_path: Path) -> Iterator[Api]:
+    with make_api(f"sqlite:///{tmp_path / 'fw.db'}", tmp_path) as a:  # default settings: semantic_search on
+        yield a
+
+
+def _results(events: list[dict]) -> list[dict]:
+    return [e for e in events if e["type"] == "tool_result" and e["name"] == "semantic_search"]
+
+
+def test_session_searches_its_workspace_and_sees_its_own_edits(search_api: Api) -> None:
+    api = search_api
+    hub = api.client.app.state.flywheel.hub  # type: ignore[attr-defined]
+    assert hub.indexes is not None and "semantic_search" in [t.spec.name for t in hub.tools()]
+    s = api.create("alice", [
+        "hello",  # turn 1: starts the background build
+        call("semantic_search", {"query": "add two numbers"}),
+        call("write_file", {"path": "stats.py",
+                            "content": "def median(xs):\n    xs = sorted(xs)\n    return xs[len(xs) // 2]\n"}),
+        call("semantic_search", {"query": "middle value of a sorted list", "k": "1"}),
+        "done",
+    ])
+    h = api.h("alice")
+    api.client.post(f"/v1/sessions/{s['id']}/messages", json={"text": "hi"}, headers=h)
+    wait_turn_end(api, s["id"])
+    index = next(iter(hub.indexes._indexes.values()))
+    deadline = time.monotonic() + 120  # the first build in this process loads the embedding model
+    while index.state == "building" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert index.state == "ready", (index.state, index.error)
+    api.client.post(f"/v1/sessions/{s['id']}/messages", json={"text": "find it"}, headers=h)
+    events = wait_turn_end(api, s["id"], turns=2, timeout=60)
+    first, second = _results(events)
+    assert first["ok"] and first["output"].startswith("app.py:1-2  add  "), first
+    assert second["ok"] and second["output"].startswith("stats.py:1-3  median  "), second  # the session's own edit
+
+    report = api.client.post(f"/v1/sessions/{s['id']}/reexecute", headers=h).json()
+    assert report["counts"] == {"same": 3, "differs": 0, "missing": 0, "extra": 0}, report
+
+
+def test_search_before_the_index_is_built_is_an_error_result_not_a_failure(search_api: Api) -> None:
+    api = search_api
+    hub = api.client.app.state.flywheel.hub  # type: ignore[attr-defined]
+    hub.indexes.wait_s = 0.0
+    blocker = hub.indexes.submit(lambda: time.sleep(1.5))  # the one build worker is busy
+    s = api.create("alice", [call("semantic_search", {"query": "add"}), "ok"])
+    api.client.post(f"/v1/sessions/{s['id']}/messages", json={"text": "go"}, headers=api.h("alice"))
+    events = wait_turn_end(api, s["id"], timeout=60)
+    (res,) = _results(events)
+    assert not res["ok"] and "still being built" in res["output"] and "grep" in res["output"], res
+    blocker.result()
