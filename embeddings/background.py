@@ -74,6 +74,7 @@ class BackgroundIndex:
         try:
             index = WorkspaceIndex(self.root, embedder=self._pool.embedder, data_dir=self._pool.data_dir)
             stats = index.refresh(on_progress=self._on_progress)
+            index.prepare()  # a large index's HNSW graph, here rather than in the first search
             with self._lock:
                 self._index = index
                 if self._pending or self._tree_changed:

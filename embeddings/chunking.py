@@ -289,16 +289,21 @@ class _CodeChunker:
             self._emit_symbol(node, node, "class", symbol)
             return
         header = self.data[self.offsets[start]:body.start_byte].decode(errors="replace").rstrip()
-        parts = [header + (" {" if not header.endswith(("{", ":")) and
-                           self.language != "python" else "")]
+        header += " {" if not header.endswith(("{", ":")) and self.language != "python" else ""
+        # each summary line keeps the source row it came from, so a split summary's pieces
+        # report the lines they describe rather than the whole class
+        rows = [(ln, start + i) for i, ln in enumerate(header.split("\n"))]
         for i, member in enumerate(body.named_children):
-            parts.extend(self._member_summary(member, first=(i == 0)))
-        if self.language != "python":
-            parts.append(self._indent(node.start_point.row) + "}")
-        text = "\n".join(parts)
+            row = member.start_point.row
+            rows += [(ln, row + j) for part in self._member_summary(member, first=(i == 0))
+                     for j, ln in enumerate(part.split("\n"))]
         end = node.end_point.row
+        if self.language != "python":
+            rows.append((self._indent(node.start_point.row) + "}", end))
+        text = "\n".join(ln for ln, _ in rows)
         self._mark(start, end)
-        self._emit_text("class", symbol, text, start, end, self._signature(node, node))
+        self._emit_text("class", symbol, text, start, end, self._signature(node, node),
+                        rows=[r for _, r in rows])
 
     def _member_summary(self, member: Any, first: bool) -> list[str]:
         indent = self._indent(member.start_point.row)
@@ -337,20 +342,21 @@ class _CodeChunker:
         self._emit_text(kind, symbol, text, start, end, self._signature(node, decl))
 
     def _emit_text(self, kind: str, symbol: str, text: str, start: int, end: int,
-                   signature: str) -> None:
+                   signature: str, rows: list[int] | None = None) -> None:
+        """One chunk for rows start..end, or windows when too big. ``rows``: the source
+        row of each line of ``text`` (a class summary); default: the text is verbatim."""
         if self.count(text) <= self.max_tokens:
             self.chunks.append(Chunk(self.path, start + 1, end + 1, kind, symbol,
                                      self.language, text))
             return
         # too big: windows over its lines; the first starts with the signature anyway
         lines = text.split("\n")
-        verbatim = len(lines) == end - start + 1  # else a class summary: rows don't map
-        spans = [(ln, start + i if verbatim else start) for i, ln in enumerate(lines)]
+        if rows is None or len(rows) != len(lines):
+            rows = [start + i for i in range(len(lines))]
         header = _cap_header(signature, self.max_tokens // 4, self.count)
-        for piece in _split(spans, self.max_tokens, self.count, header, NODE_OVERLAP,
+        for piece in _split(list(zip(lines, rows)), self.max_tokens, self.count, header, NODE_OVERLAP,
                             max_lines=None):
-            first, last = (piece.start, piece.end) if verbatim else (start, end)
-            self.chunks.append(Chunk(self.path, first + 1, last + 1, kind, symbol,
+            self.chunks.append(Chunk(self.path, piece.start + 1, piece.end + 1, kind, symbol,
                                      self.language, piece.text))
 
     def _gap_windows(self) -> list[Chunk]:

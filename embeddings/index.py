@@ -40,12 +40,12 @@ import numpy as np
 from embeddings.bm25 import BM25Index
 from embeddings.cache import EmbeddingCache
 from embeddings.embedder import Embedder, SentenceTransformerEmbedder
+from embeddings.fusion import POOL, fuse
 from embeddings.merkle import dir_hashes, file_hash
 from embeddings.types import Chunk, SearchHit
 from embeddings.vectors import ANN_THRESHOLD, VectorIndex
 
 Mode = Literal["hybrid", "vector", "bm25"]
-RRF_K = 60
 MANIFEST_VERSION = 1
 
 
@@ -180,6 +180,13 @@ class WorkspaceIndex:
         if self._vectors is None:  # dim from the vectors: a fully cached index never loads the model
             self._vectors = VectorIndex(dim, ann_threshold=self._ann_threshold)
         return self._vectors
+
+    def prepare(self) -> None:
+        """Build the approximate-search graph now (above the ANN threshold) rather than in the
+        first search after a build or reload; servers call it on their indexing thread."""
+        with self._lock:
+            if self._vectors is not None:
+                self._vectors.build()
 
     # -- updating -------------------------------------------------------------
     def refresh(self, *, progress: bool = False, save: bool = True,
@@ -363,7 +370,7 @@ class WorkspaceIndex:
                 allowed = {cid for p, f in self._files.items() if _glob_match(p, path_glob) for cid in f.ids}
                 if not allowed:
                     return []
-            pool = max(50, 5 * k) if mode == "hybrid" else k
+            pool = max(POOL, 5 * k) if mode == "hybrid" else k
             vec = self._vector_search(query, pool, allowed) if mode != "bm25" else []
             lex = self._bm25.search(query, pool, allowed) if mode != "vector" else []
             if mode == "vector":
@@ -371,11 +378,7 @@ class WorkspaceIndex:
             elif mode == "bm25":
                 ranked = lex
             else:
-                fused: dict[int, float] = {}
-                for results in (vec, lex):
-                    for rank, (cid, _) in enumerate(results):
-                        fused[cid] = fused.get(cid, 0.0) + 1.0 / (RRF_K + rank + 1)
-                ranked = sorted(fused.items(), key=lambda t: (-t[1], t[0]))
+                ranked = fuse(vec, lex)
             return [SearchHit(self._chunks[cid], score, mode) for cid, score in ranked[:k]]
 
     def embed_query(self, query: str) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import textwrap
 
 import pytest
@@ -321,7 +323,7 @@ def test_deterministic() -> None:
     assert chunk_file("bank.py", PYTHON) == chunk_file("bank.py", PYTHON)
 
 
-def test_oversized_class_summary_keeps_the_class_range() -> None:
+def test_oversized_class_summary_pieces_give_the_lines_they_list() -> None:
     methods = "".join(f"    def method_number_{i}(self, alpha, beta, gamma):\n        return {i}\n\n"
                       for i in range(60))
     src = f"class Big:\n    \"\"\"Many methods.\"\"\"\n\n{methods}".encode()
@@ -329,7 +331,14 @@ def test_oversized_class_summary_keeps_the_class_range() -> None:
     summaries = [c for c in chunks if c.kind == "class"]
     assert len(summaries) > 1
     end = src.decode().rstrip("\n").count("\n") + 1
-    assert all((c.start_line, c.end_line) == (1, end) for c in summaries)
+    lines = src.decode().split("\n")
+    assert summaries[0].start_line == 1 and all(1 <= c.start_line <= c.end_line <= end for c in summaries)
+    assert [c.start_line for c in summaries] == sorted(c.start_line for c in summaries)
+    for c in summaries:  # every method listed in a piece is defined inside that piece's range
+        for name in re.findall(r"def (method_number_\d+)", c.text):
+            row = next(i for i, ln in enumerate(lines, 1) if f"def {name}(" in ln)
+            assert c.start_line <= row <= c.end_line, (name, row, c.start_line, c.end_line)
+    assert len({(c.start_line, c.end_line) for c in summaries}) == len(summaries)
     assert all(c.text.startswith("class Big:") for c in summaries)
     assert all(estimate_tokens(c.text) <= 128 for c in summaries)
     assert len([c for c in chunks if c.kind == "method"]) == 60

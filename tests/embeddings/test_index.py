@@ -220,3 +220,13 @@ def count_vowels(word):
     (tree / "src" / "made_by_a_command.py").write_text("def parse_ini_config(path):\n    return {}\n")
     index.notify_edits([], tree_changed=True)  # e.g. after run_command
     assert index.search("parse the ini configuration file", k=1)[0].chunk.path == "src/made_by_a_command.py"
+
+
+def test_prepare_builds_the_ann_graph_before_the_first_search(tree, data_dir, embedder) -> None:
+    idx = WorkspaceIndex(tree, embedder=embedder, data_dir=data_dir, ann_threshold=2)
+    idx.refresh()
+    assert idx._vectors is not None and not idx._vectors.uses_ann
+    idx.prepare()
+    assert idx._vectors.uses_ann
+    exact = idx._vectors.search_exact(idx.embed_query("area of a circle"), 3)
+    assert [c for c, _ in idx._vectors.search(idx.embed_query("area of a circle"), 3)] == [c for c, _ in exact]

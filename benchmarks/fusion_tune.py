@@ -1,0 +1,131 @@
+"""Choose the hybrid ranking's BM25 weight (``embeddings.fusion.BM25_WEIGHT``) on tuning packages.
+
+For each installed package in ``--packages`` (default: ones the search-quality
+evaluation does not use): strip docstrings as ``benchmarks/search_quality.py``
+does, index the copy, and keep each query's top-50 vector and BM25 lists with
+their scores. Then score, offline, the convex combination
+(``embeddings.fusion.fuse``) at every weight on a grid, and equal-weight RRF
+for reference: MRR@10 at function and file level. The pick is the weight
+with the largest worst-case margin over the better single retriever (across
+both levels). The result says whether it matches the weight in the code.
+
+    python benchmarks/fusion_tune.py [--packages httpx,h11,pathspec,tqdm,anyio] [--max-queries 400]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import write_result  # noqa: E402
+from benchmarks._search_eval import build_docstring_tasks, is_function_hit, load_embedder, open_index, py_files  # noqa: E402
+from benchmarks.search_quality import package_dir_and_version  # noqa: E402
+from embeddings.fusion import BM25_WEIGHT, POOL, fuse  # noqa: E402
+
+DEFAULT_TUNE = "httpx,h11,pathspec,tqdm,anyio"
+WEIGHTS = [round(0.05 * i, 2) for i in range(0, 11)]  # 0 (vector only) .. 0.5
+
+
+def collect(name: str, embedder, *, max_queries: int, seed: int) -> dict:
+    """Per query: both retrievers' candidates (ids into ``chunks``) and which are hits."""
+    src, dist, version = package_dir_and_version(name)
+    with tempfile.TemporaryDirectory(prefix=f"ft-{name}-") as tmp:
+        root = Path(tmp) / name
+        targets = build_docstring_tasks(src, root)
+        if len(targets) > max_queries:
+            targets = random.Random(seed).sample(targets, max_queries)
+        index, _ = open_index(root, py_files(root), embedder, data_dir=Path(tmp) / "index")
+        ids: dict[tuple, int] = {}
+        paths: list[str] = []
+        rows = []
+        for t in targets:
+            lists = {}
+            hits: set[int] = set()
+            for mode in ("vector", "bm25"):
+                out = []
+                for h in index.search(t.query, k=POOL, mode=mode):
+                    key = (h.chunk.path, h.chunk.start_line, h.chunk.end_line, h.chunk.content_hash)
+                    if key not in ids:
+                        ids[key] = len(paths)
+                        paths.append(h.chunk.path)
+                    out.append((ids[key], float(h.score)))
+                    if is_function_hit(h.chunk, t):
+                        hits.add(ids[key])
+                lists[mode] = out
+            rows.append({"vector": lists["vector"], "bm25": lists["bm25"], "hits": hits, "path": t.path})
+        return {"distribution": dist, "version": version, "chunks": len(index), "rows": rows, "paths": paths}
+
+
+def mrr10(ranked: list[int], row: dict, paths: list[str], level: str) -> float:
+    if level == "function":
+        return next((1 / (i + 1) for i, c in enumerate(ranked[:10]) if c in row["hits"]), 0.0)
+    files: list[str] = []
+    for c in ranked:
+        if paths[c] not in files:
+            files.append(paths[c])
+            if len(files) > 10:
+                break
+            if paths[c] == row["path"]:
+                return 1 / len(files)
+    return 0.0
+
+
+def rrf(vector: list, bm25: list, k: int = 60) -> list[tuple[int, float]]:
+    fused: dict[int, float] = {}
+    for results in (vector, bm25):
+        for rank, (cid, _) in enumerate(results):
+            fused[cid] = fused.get(cid, 0.0) + 1.0 / (k + rank + 1)
+    return sorted(fused.items(), key=lambda t: (-t[1], t[0]))
+
+
+def evaluate(per_pkg: dict, rank) -> dict:  # noqa: ANN001
+    out = {}
+    for level in ("function", "file"):
+        vals = [mrr10([c for c, _ in rank(r)], r, p["paths"], level) for p in per_pkg.values() for r in p["rows"]]
+        out[level] = round(sum(vals) / len(vals), 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--packages", default=DEFAULT_TUNE, help=f"installed packages to tune on (default {DEFAULT_TUNE})")
+    ap.add_argument("--max-queries", type=int, default=400, help="per package (default 400)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    embedder = load_embedder(None)
+    per_pkg = {}
+    for name in args.packages.split(","):
+        per_pkg[name] = collect(name, embedder, max_queries=args.max_queries, seed=args.seed)
+        print(f"[{time.perf_counter() - t0:6.1f}s] {name}: {len(per_pkg[name]['rows'])} queries, "
+              f"{per_pkg[name]['chunks']} chunks", file=sys.stderr, flush=True)
+    single = {"vector": evaluate(per_pkg, lambda r: r["vector"]), "bm25": evaluate(per_pkg, lambda r: r["bm25"])}
+    best_single = {lv: max(single["vector"][lv], single["bm25"][lv]) for lv in ("function", "file")}
+    grid = {}
+    for w in WEIGHTS:
+        m = evaluate(per_pkg, lambda r, w=w: fuse(r["vector"], r["bm25"], w))
+        m["worst_margin"] = round(min(m[lv] - best_single[lv] for lv in ("function", "file")), 4)
+        grid[str(w)] = m
+    pick = max(WEIGHTS, key=lambda w: (grid[str(w)]["worst_margin"], -w))
+    result = {
+        "packages": {n: {"distribution": p["distribution"], "version": p["version"], "queries": len(p["rows"]),
+                         "chunks": p["chunks"]} for n, p in per_pkg.items()},
+        "mrr@10": {**single, "rrf_equal_weight": evaluate(per_pkg, lambda r: rrf(r["vector"], r["bm25"])),
+                   "convex_by_bm25_weight": grid},
+        "picked_bm25_weight": pick,
+        "code_bm25_weight": BM25_WEIGHT,
+        "matches_code": pick == BM25_WEIGHT,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
+    write_result("fusion_tune", result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,58 @@
+"""Hybrid ranking: how the vector and BM25 result lists are combined.
+
+A convex combination of max-normalised scores (Bruch et al., "An Analysis of
+Fusion Functions for Hybrid Retrieval", 2023, call the family TM2C2):
+each list's scores are divided by that list's best score, so 1.0 is the best
+hit of each retriever and 0 is "no similarity / no term matched"; then
+
+    score(c) = (1 - w) * vector(c) + w * bm25(c),   w = BM25_WEIGHT
+
+A candidate missing from one list (it ranked below that list's pool) takes
+the lowest normalised score in that list's pool, not 0: it may be just below
+the cut.
+
+Why not reciprocal rank fusion: RRF weighs both retrievers equally by rank,
+and on docstring -> function search BM25 is much weaker than the embeddings
+(MRR@10 0.28 vs 0.38 on the tuning packages), so equal-weight RRF came out
+worse than vector search alone (0.354 vs 0.379); a convex combination keeps
+the magnitude of each retriever's confidence.
+
+``BM25_WEIGHT`` was chosen by ``benchmarks/fusion_tune.py`` on packages that
+are not in the default evaluation (httpx, h11, pathspec, tqdm, anyio): the
+grid point with the largest worst-case margin over the better single
+retriever at both function and file level. ``benchmarks/search_quality.py``
+then measures it on other packages (default click, packaging, jinja2).
+
+Not guaranteed: that the weight suits every corpus or query style (it was
+tuned on Python docstring queries); scores are comparable within one result
+list only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+BM25_WEIGHT = 0.15
+POOL = 50  # candidates taken from each retriever (at least 5 * k)
+
+
+def normalise(results: Sequence[tuple[int, float]]) -> dict[int, float]:
+    """Scores divided by the list's best score (a list whose best is <= 0 scores all zero)."""
+    if not results:
+        return {}
+    best = max(s for _, s in results)
+    if best <= 0:
+        return {cid: 0.0 for cid, _ in results}
+    return {cid: s / best for cid, s in results}
+
+
+def fuse(vector: Sequence[tuple[int, float]], bm25: Sequence[tuple[int, float]],
+         weight: float = BM25_WEIGHT) -> list[tuple[int, float]]:  # fmt: skip
+    """Candidates of both lists ranked by the convex combination (ties by id), best first."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"BM25 weight must be in [0, 1], got {weight}")
+    v, b = normalise(vector), normalise(bm25)
+    v_floor = min(v.values(), default=0.0)
+    b_floor = min(b.values(), default=0.0)
+    fused = {cid: (1.0 - weight) * v.get(cid, v_floor) + weight * b.get(cid, b_floor) for cid in v.keys() | b.keys()}
+    return sorted(fused.items(), key=lambda t: (-t[1], t[0]))
