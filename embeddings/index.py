@@ -7,11 +7,15 @@ On-disk layout (``data_dir``, default ``~/.cache/flywheel/index``)::
     indexes/<sha256(root)[:16]>/manifest.json
         {"version", "root", "model", "root_hash",
          "files": {path: {"hash", "size", "mtime_ns", "chunks": [[start, end, kind, symbol, language, text], ...]}},
-         "dirs": {dir: merkle hash}}
+         "dirs": {dir: merkle hash},
+         "ann": {"file": "hnsw-<id>.faiss", "rows": [[path, chunk index] or null, ...]}}   (large indexes)
+    indexes/<sha256(root)[:16]>/hnsw-<id>.faiss    the HNSW graph, rows as listed in "ann"
 
 Vectors are not stored per index: loading a manifest fetches them from the
 shared cache by content hash, so an unchanged chunk is embedded once per model,
-whatever workspace or refresh it appears in.
+whatever workspace or refresh it appears in. Above the ANN threshold the HNSW
+graph is saved too (``refresh`` builds it before saving), so a reload does not
+rebuild it; a graph that cannot be read is rebuilt at the next search.
 
 Freshness: :meth:`notify_edits` (called by the executor for every FileEdit,
 and with ``tree_changed=True`` after a call that may write anywhere, such as
@@ -30,6 +34,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,6 +244,7 @@ class WorkspaceIndex:
             stats.files = len(self._files)
             stats.chunks = len(self._chunks)
             if save:
+                self.prepare()  # a large index saves its HNSW graph too
                 self.save()
         stats.seconds = time.perf_counter() - t0
         return stats
@@ -398,23 +404,39 @@ class WorkspaceIndex:
 
     # -- persistence -------------------------------------------------------------
     def save(self) -> None:
+        """Write the manifest (and the HNSW graph, when there is one) atomically: a graph file
+        is written under a fresh name first, then the manifest that names it replaces the old."""
         with self._lock:
             files = {p: {"hash": f.hash, "size": f.size, "mtime_ns": f.mtime_ns,
                          "chunks": [[c.start_line, c.end_line, c.kind, c.symbol, c.language, c.text]
                                     for c in (self._chunks[i] for i in f.ids)]}
                      for p, f in sorted(self._files.items())}
             dirs = dir_hashes({p: f.hash for p, f in self._files.items()})
-            doc = {"version": MANIFEST_VERSION, "root": str(self.root), "model": self.embedder.name,
-                   "root_hash": dirs[""], "files": files, "dirs": dirs}
-            self.manifest_path.parent.mkdir(parents=True, exist_ok=True)
+            doc: dict = {"version": MANIFEST_VERSION, "root": str(self.root), "model": self.embedder.name,
+                         "root_hash": dirs[""], "files": files, "dirs": dirs}
+            folder = self.manifest_path.parent
+            folder.mkdir(parents=True, exist_ok=True)
+            state = self._vectors.ann_state() if self._vectors is not None else None
+            if state is not None:
+                import faiss
+
+                graph, row_ids = state
+                where = {cid: [p, i] for p, f in self._files.items() for i, cid in enumerate(f.ids)}
+                name = f"hnsw-{uuid.uuid4().hex[:12]}.faiss"
+                faiss.write_index(graph, str(folder / name))
+                doc["ann"] = {"file": name, "rows": [where.get(cid) if cid is not None else None for cid in row_ids]}
             tmp = self.manifest_path.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(json.dumps(doc, ensure_ascii=False))
             os.replace(tmp, self.manifest_path)
+            for old in folder.glob("hnsw-*.faiss"):  # graphs no manifest names any more
+                if old.name != doc.get("ann", {}).get("file"):
+                    old.unlink(missing_ok=True)
 
     def _load(self) -> None:
         doc = json.loads(self.manifest_path.read_text())
         if doc.get("version") != MANIFEST_VERSION or doc.get("model") != self.embedder.name:
             return  # another model or format: start afresh (the vectors cache still helps)
+        vectors: dict[int, np.ndarray] = {}
         for path, f in doc["files"].items():
             chunks = [Chunk(path, s, e, kind, sym, lang, text) for s, e, kind, sym, lang, text in f["chunks"]]
             have = self.cache.get_many(c.content_hash for c in chunks)
@@ -426,9 +448,34 @@ class WorkspaceIndex:
             for cid, c in zip(ids, chunks):
                 self._chunks[cid] = c
                 self._bm25.add(cid, c.text)
-            if ids:
-                rows = np.stack([have[c.content_hash] for c in chunks])
-                self._vecs(rows.shape[1]).add(ids, rows)
+                vectors[cid] = have[c.content_hash]
+        if not vectors:
+            return
+        dim = len(next(iter(vectors.values())))
+        placed = self._restore_graph(doc.get("ann"), vectors, dim)
+        rest = [cid for cid in vectors if cid not in placed]
+        if rest:
+            self._vecs(dim).add(rest, np.stack([vectors[c] for c in rest]))
+
+    def _restore_graph(self, ann: dict | None, vectors: dict[int, np.ndarray], dim: int) -> set[int]:
+        """Re-attach a saved HNSW graph (no rebuild); returns the ids placed in its rows."""
+        if not ann:
+            return set()
+        path = self.manifest_path.parent / ann["file"]
+        try:
+            import faiss
+
+            graph = faiss.read_index(str(path))
+            cid_at = {(p, i): cid for p, f in self._files.items() for i, cid in enumerate(f.ids)}
+            row_ids = [cid_at.get((loc[0], loc[1])) if loc else None for loc in ann["rows"]]
+            zero = np.zeros(dim, dtype=np.float32)
+            rows = np.stack([vectors[c] if c is not None else zero for c in row_ids]) if row_ids else \
+                np.zeros((0, dim), dtype=np.float32)
+            self._vectors = VectorIndex.restore(dim, graph, row_ids, rows, ann_threshold=self._ann_threshold)
+        except (ImportError, OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError):
+            self._vectors = None  # unreadable or mismatched: vectors are re-added, the graph rebuilt when needed
+            return set()
+        return {c for c in row_ids if c is not None}
 
     def close(self) -> None:
         self.cache.close()

@@ -12,6 +12,7 @@ past a fraction of its size. Not guaranteed: HNSW is approximate (see
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -91,6 +92,30 @@ class VectorIndex:
     def build(self) -> None:
         """Build (or refresh) the approximate index now instead of at the next search."""
         self._maybe_build_ann()
+
+    def ann_state(self) -> tuple[Any, list[int | None]] | None:
+        """The HNSW graph and, for each of its rows, the id stored there (None: removed
+        since), for persisting; None when there is no graph."""
+        if self._ann is None:
+            return None
+        rows = range(self._ann_rows)
+        return self._ann, [int(self._ids[r]) if self._live[r] else None for r in rows]
+
+    @classmethod
+    def restore(cls, dim: int, ann: Any, row_ids: list[int | None], row_vecs: np.ndarray, **kwargs: Any) -> VectorIndex:
+        """An index whose first rows are a saved graph's (``row_ids``/``row_vecs`` in graph row order,
+        None and any vector for rows removed since); add the rest with :meth:`add`."""
+        if ann.ntotal != len(row_ids) or len(row_vecs) != len(row_ids) or ann.d != dim:
+            raise ValueError(f"graph has {ann.ntotal} rows of dim {ann.d}; got {len(row_ids)} ids, "
+                             f"{len(row_vecs)} vectors of dim {dim}")
+        index = cls(dim, **kwargs)
+        index._vecs = np.ascontiguousarray(row_vecs, dtype=np.float32).reshape(len(row_ids), dim)
+        index._ids = np.asarray([-1 if i is None else i for i in row_ids], dtype=np.int64)
+        index._live = np.asarray([i is not None for i in row_ids], dtype=bool)
+        index._row = {cid: r for r, cid in enumerate(row_ids) if cid is not None}
+        ann.hnsw.efSearch = index.ef_search
+        index._ann, index._ann_rows, index._ann_dead = ann, len(row_ids), int((~index._live).sum())
+        return index
 
     def search_exact(self, query: np.ndarray, k: int, allowed: np.ndarray | None = None) -> list[tuple[int, float]]:
         """Top ``k`` (id, cosine) by brute force; ``allowed`` restricts to those ids."""

@@ -224,9 +224,46 @@ def count_vowels(word):
 
 def test_prepare_builds_the_ann_graph_before_the_first_search(tree, data_dir, embedder) -> None:
     idx = WorkspaceIndex(tree, embedder=embedder, data_dir=data_dir, ann_threshold=2)
-    idx.refresh()
+    idx.refresh(save=False)
     assert idx._vectors is not None and not idx._vectors.uses_ann
     idx.prepare()
     assert idx._vectors.uses_ann
     exact = idx._vectors.search_exact(idx.embed_query("area of a circle"), 3)
     assert [c for c, _ in idx._vectors.search(idx.embed_query("area of a circle"), 3)] == [c for c, _ in exact]
+
+
+def _ranked(idx: WorkspaceIndex, query: str) -> list[tuple[str, int]]:
+    return [(h.chunk.path, h.chunk.start_line) for h in idx.search(query, k=5, mode="vector")]
+
+
+def test_hnsw_graph_is_saved_and_reattached_without_a_rebuild(tree, data_dir, embedder) -> None:
+    idx = WorkspaceIndex(tree, embedder=embedder, data_dir=data_dir, ann_threshold=2)
+    idx.refresh()  # builds the graph, then saves it beside the manifest
+    assert idx._vectors is not None and idx._vectors.uses_ann
+    idx._vectors.rebuild_fraction = 100.0  # keep this graph through the edits (a big index would)
+    (tree / "shapes.py").write_text("def hexagon_area(side):\n    return 2.598 * side * side\n")  # a delta row
+    (tree / "src" / "net.py").unlink()  # dead graph rows
+    idx.notify_edits(["shapes.py", "src/net.py"])
+    before = _ranked(idx, "retry a request")
+    with_edit = _ranked(idx, "area of a hexagon")
+    assert idx._vectors._ann_dead > 0 and len(idx._vectors._ids) > idx._vectors._ann_rows
+    idx.save()
+    graphs = list(idx.manifest_path.parent.glob("hnsw-*.faiss"))
+    assert len(graphs) == 1
+
+    again = WorkspaceIndex(tree, embedder=embedder, data_dir=data_dir, ann_threshold=2)
+    assert again._vectors is not None and again._vectors.uses_ann  # attached at load, not built
+    assert _ranked(again, "retry a request") == before
+    assert _ranked(again, "area of a hexagon") == with_edit
+    assert with_edit[0][0] == "shapes.py"
+
+
+def test_unreadable_graph_falls_back_to_a_rebuild(tree, data_dir, embedder) -> None:
+    idx = WorkspaceIndex(tree, embedder=embedder, data_dir=data_dir, ann_threshold=2)
+    idx.refresh()
+    want = _ranked(idx, "area of a circle")
+    (graph,) = idx.manifest_path.parent.glob("hnsw-*.faiss")
+    graph.write_bytes(b"not a faiss index")
+    again = WorkspaceIndex(tree, embedder=embedder, data_dir=data_dir, ann_threshold=2)
+    assert again._vectors is not None and not again._vectors.uses_ann
+    assert _ranked(again, "area of a circle") == want
