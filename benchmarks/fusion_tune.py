@@ -1,15 +1,19 @@
-"""Choose the hybrid ranking's BM25 weight (``embeddings.fusion.BM25_WEIGHT``) on tuning packages.
+"""Choose the hybrid ranking's BM25 weights (``embeddings.fusion``) on tuning packages.
 
-For each installed package in ``--packages`` (default: ones the search-quality
-evaluation does not use): strip docstrings as ``benchmarks/search_quality.py``
-does, index the copy, and keep each query's top-50 vector and BM25 lists with
-their scores. Then score, offline, the convex combination
+Prose queries (``BM25_WEIGHT``): for each installed package in ``--packages``
+(default: ones the search-quality evaluation does not use), strip docstrings as
+``benchmarks/search_quality.py`` does, index the copy, and keep each query's
+top-50 vector and BM25 lists with their scores. Code queries
+(``CODE_QUERY_BM25_WEIGHT``): the bug-localisation task (failing test name +
+error output) on the sdists in ``--bug-packages`` (default: not the
+evaluation's toolz). Then score, offline, the convex combination
 (``embeddings.fusion.fuse``) at every weight on a grid, and equal-weight RRF
-for reference: MRR@10 at function and file level. The pick is the weight
-with the largest worst-case margin over the better single retriever (across
-both levels). The result says whether it matches the weight in the code.
+for reference: MRR@10 at function and file level. Each pick is the weight with
+the largest worst-case margin over the better single retriever (across both
+levels). The result says whether the picks match the weights in the code.
 
-    python benchmarks/fusion_tune.py [--packages httpx,h11,pathspec,tqdm,anyio] [--max-queries 400]
+    python benchmarks/fusion_tune.py [--packages httpx,h11,pathspec,tqdm,anyio]
+                                     [--bug-packages pathspec==0.12.1,h11==0.14.0] [--max-queries 400]
 """
 
 from __future__ import annotations
@@ -25,15 +29,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import write_result  # noqa: E402
 from benchmarks._search_eval import build_docstring_tasks, is_function_hit, load_embedder, open_index, py_files  # noqa: E402
-from benchmarks.search_quality import package_dir_and_version  # noqa: E402
-from embeddings.fusion import BM25_WEIGHT, POOL, fuse  # noqa: E402
+from benchmarks.search_quality import mutated_targets, package_dir_and_version  # noqa: E402
+from embeddings.fusion import BM25_WEIGHT, CODE_QUERY_BM25_WEIGHT, POOL, fuse, is_code_query  # noqa: E402
 
 DEFAULT_TUNE = "httpx,h11,pathspec,tqdm,anyio"
+DEFAULT_BUG_TUNE = "pathspec==0.12.1,h11==0.14.0"
 WEIGHTS = [round(0.05 * i, 2) for i in range(0, 11)]  # 0 (vector only) .. 0.5
+CODE_WEIGHTS = [round(0.1 * i, 1) for i in range(0, 11)]  # 0 .. 1 (BM25 only)
 
 
-def collect(name: str, embedder, *, max_queries: int, seed: int) -> dict:
-    """Per query: both retrievers' candidates (ids into ``chunks``) and which are hits."""
+def candidate_rows(index, targets: list) -> tuple[list[dict], list[str]]:  # noqa: ANN001
+    """Per query: both retrievers' top-``POOL`` (id, score) lists and the ids that are hits."""
+    ids: dict[tuple, int] = {}
+    paths: list[str] = []
+    rows = []
+    for t in targets:
+        lists = {}
+        hits: set[int] = set()
+        for mode in ("vector", "bm25"):
+            out = []
+            for h in index.search(t.query, k=POOL, mode=mode):
+                key = (h.chunk.path, h.chunk.start_line, h.chunk.end_line, h.chunk.content_hash)
+                if key not in ids:
+                    ids[key] = len(paths)
+                    paths.append(h.chunk.path)
+                out.append((ids[key], float(h.score)))
+                if is_function_hit(h.chunk, t):
+                    hits.add(ids[key])
+            lists[mode] = out
+        rows.append({"vector": lists["vector"], "bm25": lists["bm25"], "hits": hits, "path": t.path,
+                     "code": is_code_query(t.query)})
+    return rows, paths
+
+
+def collect(name: str, embedder, *, max_queries: int, seed: int) -> dict:  # noqa: ANN001
+    """The docstring -> function task on one installed package."""
     src, dist, version = package_dir_and_version(name)
     with tempfile.TemporaryDirectory(prefix=f"ft-{name}-") as tmp:
         root = Path(tmp) / name
@@ -41,25 +71,18 @@ def collect(name: str, embedder, *, max_queries: int, seed: int) -> dict:
         if len(targets) > max_queries:
             targets = random.Random(seed).sample(targets, max_queries)
         index, _ = open_index(root, py_files(root), embedder, data_dir=Path(tmp) / "index")
-        ids: dict[tuple, int] = {}
-        paths: list[str] = []
-        rows = []
-        for t in targets:
-            lists = {}
-            hits: set[int] = set()
-            for mode in ("vector", "bm25"):
-                out = []
-                for h in index.search(t.query, k=POOL, mode=mode):
-                    key = (h.chunk.path, h.chunk.start_line, h.chunk.end_line, h.chunk.content_hash)
-                    if key not in ids:
-                        ids[key] = len(paths)
-                        paths.append(h.chunk.path)
-                    out.append((ids[key], float(h.score)))
-                    if is_function_hit(h.chunk, t):
-                        hits.add(ids[key])
-                lists[mode] = out
-            rows.append({"vector": lists["vector"], "bm25": lists["bm25"], "hits": hits, "path": t.path})
+        rows, paths = candidate_rows(index, targets)
         return {"distribution": dist, "version": version, "chunks": len(index), "rows": rows, "paths": paths}
+
+
+def collect_bugs(spec: str, embedder, *, mutations: int, seed: int) -> dict:  # noqa: ANN001
+    """The bug-localisation task (``search_quality.mutated_targets``) on one sdist."""
+    with mutated_targets(spec, n_mutations=mutations, seed=seed) as bugs:
+        root = bugs["root"]
+        index, _ = open_index(root, py_files(root), embedder, data_dir=bugs["tmp"] / "index")
+        rows, paths = candidate_rows(index, bugs["targets"])
+        return {"distribution": bugs["name"], "version": bugs["version"], "chunks": len(index), "rows": rows,
+                "paths": paths}
 
 
 def mrr10(ranked: list[int], row: dict, paths: list[str], level: str) -> float:
@@ -92,37 +115,57 @@ def evaluate(per_pkg: dict, rank) -> dict:  # noqa: ANN001
     return out
 
 
+def pick(per_pkg: dict, weights: list[float]) -> dict:
+    """Grid of the convex combination; the pick has the largest worst-case margin over the better
+    single retriever at function and file level (ties: the smaller weight)."""
+    single = {"vector": evaluate(per_pkg, lambda r: r["vector"]), "bm25": evaluate(per_pkg, lambda r: r["bm25"])}
+    best_single = {lv: max(single["vector"][lv], single["bm25"][lv]) for lv in ("function", "file")}
+    grid = {}
+    for w in weights:
+        m = evaluate(per_pkg, lambda r, w=w: fuse(r["vector"], r["bm25"], w))
+        m["worst_margin"] = round(min(m[lv] - best_single[lv] for lv in ("function", "file")), 4)
+        grid[str(w)] = m
+    chosen = max(weights, key=lambda w: (grid[str(w)]["worst_margin"], -w))
+    return {"packages": {n: {"distribution": p["distribution"], "version": p["version"], "queries": len(p["rows"]),
+                             "code_queries": sum(r["code"] for r in p["rows"]), "chunks": p["chunks"]}
+                         for n, p in per_pkg.items()},
+            "mrr@10": {**single, "rrf_equal_weight": evaluate(per_pkg, lambda r: rrf(r["vector"], r["bm25"])),
+                       "convex_by_bm25_weight": grid},
+            "picked_bm25_weight": chosen}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--packages", default=DEFAULT_TUNE, help=f"installed packages to tune on (default {DEFAULT_TUNE})")
+    ap.add_argument("--bug-packages", default=DEFAULT_BUG_TUNE,
+                    help=f"sdists for the code-query weight (default {DEFAULT_BUG_TUNE}); 'none' skips it")
     ap.add_argument("--max-queries", type=int, default=400, help="per package (default 400)")
+    ap.add_argument("--mutations", type=int, default=15, help="caught mutations per bug package (default 15)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     embedder = load_embedder(None)
-    per_pkg = {}
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    prose = {}
     for name in args.packages.split(","):
-        per_pkg[name] = collect(name, embedder, max_queries=args.max_queries, seed=args.seed)
-        print(f"[{time.perf_counter() - t0:6.1f}s] {name}: {len(per_pkg[name]['rows'])} queries, "
-              f"{per_pkg[name]['chunks']} chunks", file=sys.stderr, flush=True)
-    single = {"vector": evaluate(per_pkg, lambda r: r["vector"]), "bm25": evaluate(per_pkg, lambda r: r["bm25"])}
-    best_single = {lv: max(single["vector"][lv], single["bm25"][lv]) for lv in ("function", "file")}
-    grid = {}
-    for w in WEIGHTS:
-        m = evaluate(per_pkg, lambda r, w=w: fuse(r["vector"], r["bm25"], w))
-        m["worst_margin"] = round(min(m[lv] - best_single[lv] for lv in ("function", "file")), 4)
-        grid[str(w)] = m
-    pick = max(WEIGHTS, key=lambda w: (grid[str(w)]["worst_margin"], -w))
-    result = {
-        "packages": {n: {"distribution": p["distribution"], "version": p["version"], "queries": len(p["rows"]),
-                         "chunks": p["chunks"]} for n, p in per_pkg.items()},
-        "mrr@10": {**single, "rrf_equal_weight": evaluate(per_pkg, lambda r: rrf(r["vector"], r["bm25"])),
-                   "convex_by_bm25_weight": grid},
-        "picked_bm25_weight": pick,
-        "code_bm25_weight": BM25_WEIGHT,
-        "matches_code": pick == BM25_WEIGHT,
-        "wall_s": round(time.perf_counter() - t0, 1),
-    }
+        prose[name] = collect(name, embedder, max_queries=args.max_queries, seed=args.seed)
+        log(f"{name}: {len(prose[name]['rows'])} docstring queries, {prose[name]['chunks']} chunks")
+    result: dict = {"docstring_queries": pick(prose, WEIGHTS)}
+    result["docstring_queries"].update(code_bm25_weight=BM25_WEIGHT,
+                                       matches_code=result["docstring_queries"]["picked_bm25_weight"] == BM25_WEIGHT)
+    if args.bug_packages.lower() != "none":
+        bugs = {}
+        for spec in args.bug_packages.split(","):
+            bugs[spec] = collect_bugs(spec, embedder, mutations=args.mutations, seed=args.seed)
+            log(f"{spec}: {len(bugs[spec]['rows'])} bug-localisation queries")
+        result["bug_queries"] = pick(bugs, CODE_WEIGHTS)
+        result["bug_queries"].update(
+            code_bm25_weight=CODE_QUERY_BM25_WEIGHT,
+            matches_code=result["bug_queries"]["picked_bm25_weight"] == CODE_QUERY_BM25_WEIGHT)
+    result["wall_s"] = round(time.perf_counter() - t0, 1)
     write_result("fusion_tune", result)
     return 0
 

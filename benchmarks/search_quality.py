@@ -35,6 +35,8 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -163,9 +165,12 @@ def find_layout(root: Path, name: str) -> tuple[str, str]:
     raise RuntimeError(f"the sdist of {name} ships no tests directory")
 
 
-def bug_task(spec: str, embedder, *, n_mutations: int, seed: int, log, test_timeout: float = 60.0,
-             private: bool = False, sources_only: bool = False, local_root: Path | None = None) -> dict:
-    """``local_root``: an already unpacked source tree (tests use one) instead of downloading ``spec``."""
+@contextmanager
+def mutated_targets(spec: str, *, n_mutations: int, seed: int, test_timeout: float = 60.0,
+                    sources_only: bool = False, local_root: Path | None = None) -> Iterator[dict]:
+    """Download (or copy) ``spec``'s source tree, inject bugs one at a time, keep those its tests
+    catch: yields {"root" (the tree to index), "targets", and facts for the report}; the temporary
+    tree lives until the ``with`` block ends. ``local_root``: an unpacked tree instead of a download."""
     name = spec.split("==")[0]
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix=f"sq-bugs-{name}-") as tmp:
@@ -202,13 +207,25 @@ def bug_task(spec: str, embedder, *, n_mutations: int, seed: int, log, test_time
                 continue
             targets.append(Target(q, m.path, m.symbol, m.start_line, m.end_line,
                                   {"mutation": m.description, "kind": m.kind}))
-        tests_s = time.perf_counter() - t_tests
         index_root = root
         if sources_only:  # --quick: index only the package's sources (same relative paths), not the tests
             index_root = Path(tmp) / "sources-only"
             for rel in src_rel:
                 (index_root / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(root / rel, index_root / rel)
+        yield {"root": index_root, "targets": targets, "name": name, "version": version, "package_dir": pkg,
+               "tests_dir": tests, "tried": tried, "survived": survived, "tmp": Path(tmp),
+               "tests_s": round(time.perf_counter() - t_tests, 1)}
+
+
+def bug_task(spec: str, embedder, *, n_mutations: int, seed: int, log, test_timeout: float = 60.0,
+             private: bool = False, sources_only: bool = False, local_root: Path | None = None) -> dict:
+    """``local_root``: an already unpacked source tree (tests use one) instead of downloading ``spec``."""
+    with mutated_targets(spec, n_mutations=n_mutations, seed=seed, test_timeout=test_timeout,
+                         sources_only=sources_only, local_root=local_root) as bugs:
+        name, version, pkg, tests = bugs["name"], bugs["version"], bugs["package_dir"], bugs["tests_dir"]
+        targets, tried, survived, tests_s = bugs["targets"], bugs["tried"], bugs["survived"], bugs["tests_s"]
+        index_root, tmp = bugs["root"], bugs["tmp"]
         files = py_files(index_root)
         t0 = time.perf_counter()
         index, index_kind = open_index(index_root, files, embedder, data_dir=Path(tmp) / "index", private=private)

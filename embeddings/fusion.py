@@ -30,10 +30,37 @@ list only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-BM25_WEIGHT = 0.15
+BM25_WEIGHT = 0.15  # prose queries ("code that parses the config file")
+CODE_QUERY_BM25_WEIGHT = 0.15  # queries that are mostly code: error output, test names, identifiers
 POOL = 50  # candidates taken from each retriever (at least 5 * k)
+
+_TOKEN = re.compile(r"\S+")
+_CODEY = re.compile(
+    r"[A-Za-z0-9]_[A-Za-z0-9]"  # snake_case
+    r"|[a-z][A-Z]"  # camelCase
+    r"|[A-Za-z_]\w*\.[A-Za-z_]"  # dotted.name, file.py
+    r"|[()\[\]{}<>=:;'\"/\\]|^[+\-*%]"  # punctuation of code and error output
+    r"|^\d+$"
+)
+_TRACE = re.compile(r"(Error|Exception|Traceback|assert\b|Warning)\b|\bline \d+", re.M)
+
+
+def is_code_query(query: str) -> bool:
+    """Most of the query is code or tool output (a traceback, a test name, identifiers), not prose:
+    lexical matches are then worth more. Not guaranteed to agree with a human on mixed queries."""
+    tokens = _TOKEN.findall(query)
+    if not tokens:
+        return False
+    codey = sum(1 for t in tokens if _CODEY.search(t))
+    return codey / len(tokens) >= 0.5 or (codey / len(tokens) >= 0.25 and bool(_TRACE.search(query)))
+
+
+def bm25_weight_for(query: str) -> float:
+    """The BM25 weight :func:`fuse` uses for this query."""
+    return CODE_QUERY_BM25_WEIGHT if is_code_query(query) else BM25_WEIGHT
 
 
 def normalise(results: Sequence[tuple[int, float]]) -> dict[int, float]:

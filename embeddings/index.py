@@ -45,7 +45,7 @@ import numpy as np
 from embeddings.bm25 import BM25Index
 from embeddings.cache import EmbeddingCache
 from embeddings.embedder import Embedder, SentenceTransformerEmbedder
-from embeddings.fusion import POOL, fuse
+from embeddings.fusion import POOL, bm25_weight_for, fuse
 from embeddings.merkle import dir_hashes, file_hash
 from embeddings.types import Chunk, SearchHit
 from embeddings.vectors import ANN_THRESHOLD, VectorIndex
@@ -384,7 +384,7 @@ class WorkspaceIndex:
             elif mode == "bm25":
                 ranked = lex
             else:
-                ranked = fuse(vec, lex)
+                ranked = fuse(vec, lex, bm25_weight_for(query))
             return [SearchHit(self._chunks[cid], score, mode) for cid, score in ranked[:k]]
 
     def embed_query(self, query: str) -> np.ndarray:

@@ -31,8 +31,9 @@ def test_walk_tree_keeps_exactly_the_sources(tmp_path: Path) -> None:
 
 
 def test_fusion_tune_scores_the_grid(tmp_path: Path) -> None:
-    r = run("fusion_tune.py", "--packages", "h11", "--max-queries", "8", results=tmp_path)
+    r = run("fusion_tune.py", "--packages", "h11", "--max-queries", "8", "--bug-packages", "none",
+            results=tmp_path)["docstring_queries"]
     grid = r["mrr@10"]["convex_by_bm25_weight"]
     assert set(grid) == {str(round(0.05 * i, 2)) for i in range(11)}
-    assert r["picked_bm25_weight"] in [float(w) for w in grid]
+    assert r["picked_bm25_weight"] in [float(w) for w in grid] and "matches_code" in r
     assert all(0 <= v["function"] <= 1 and 0 <= v["file"] <= 1 for v in grid.values())
