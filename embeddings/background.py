@@ -40,6 +40,10 @@ class IndexNotReady(RuntimeError):
     """The index is still being built (or its build failed); the message says how far it got."""
 
 
+class _Cancelled(Exception):
+    """Raised inside a build when its pool is closed, to stop between batches of files."""
+
+
 class BackgroundIndex:
     """A :class:`WorkspaceIndex` whose first build runs on an :class:`IndexPool` worker."""
 
@@ -82,12 +86,16 @@ class BackgroundIndex:
                 self._pending.clear()
             log.info("indexed %s: %d files, %d chunks (%d embedded) in %.1fs",
                      self.root, stats.files, stats.chunks, stats.embedded, stats.seconds)
+        except _Cancelled:
+            self.error = "the server is shutting down"
         except Exception as exc:  # reported to the model by search(); the server keeps going
             self.error = f"{type(exc).__name__}: {exc}"
             log.exception("indexing %s failed", self.root)
 
     def _on_progress(self, done: int, total: int) -> None:
         self.progress = (done, total)
+        if self._pool.closed:
+            raise _Cancelled
 
     def notify_edits(self, paths: Iterable[str], *, tree_changed: bool = False) -> None:
         with self._lock:
@@ -127,6 +135,7 @@ class IndexPool:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-index")
         self._indexes: OrderedDict[Path, BackgroundIndex] = OrderedDict()  # least recently used first
         self._lock = threading.Lock()
+        self.closed = False
 
     @property
     def embedder(self) -> Embedder:
@@ -172,4 +181,7 @@ class IndexPool:
         return len(self._indexes)
 
     def close(self) -> None:
+        """Drop queued builds and stop a running one at its next batch of files (so a server
+        can exit without waiting for a large tree to finish indexing)."""
+        self.closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -102,3 +102,22 @@ def test_keeps_the_most_recently_used(tmp_path: Path, minilm: SentenceTransforme
         assert len(small) == 2 and small.get(roots[0]) is a
     finally:
         small.close()
+
+
+def test_close_stops_a_running_build_between_batches(tmp_path: Path, minilm: SentenceTransformerEmbedder) -> None:
+    pool = IndexPool(tmp_path / "index", embedder=minilm)
+    index = pool.get(tree(tmp_path / "big", files=200))  # 13 batches of 16 files
+    started = threading.Event()
+    original = index._on_progress
+
+    def progress(done: int, total: int) -> None:
+        started.set()
+        original(done, total)
+
+    index._on_progress = progress  # type: ignore[method-assign]
+    future = index.start()
+    assert started.wait(60)
+    pool.close()
+    future.result(timeout=60)
+    assert index.state == "failed" and index.error == "the server is shutting down"
+    assert index.progress[0] < 200
