@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         refresh_s = time.perf_counter() - t1
         result = {
             "quick": args.quick,
-            "tree": {"root": "stdlib packages copied to a temp dir" if picked is not None else str(root),
+            "tree": {"root": "stdlib packages, then top-level modules, copied to a temp dir" if picked is not None
+                     else str(root),
                      "python_stdlib_packages": picked, "files": files, "chunks": n_chunks},
             "model": embedder.name, "cpus": os.cpu_count(),
             "chunking_only": {"seconds": round(chunk_s, 2), "chunks_per_s": round(n_chunks / chunk_s, 1)},
