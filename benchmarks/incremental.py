@@ -8,14 +8,16 @@ copies of the real ones, under ``copyJ/`` paths that are not files) up to
 ``--pad`` (default 10k) so that search and BM25-rebuild costs are those of a
 10k-chunk index. Then,
 ``--edits`` times: pick a random Python function chunk, insert a line with a
-unique marker identifier at its end with the ``edit_file`` tool, hand the result
+unique marker identifier at its end (candidates whose edit would not parse are
+skipped and counted: a syntax error can re-chunk the rest of a file, e.g. 165 of
+242 chunks once, which is a different cost) with the ``edit_file`` tool, hand the result
 to ``ToolContext.after_call`` (exactly what the executor does after every
 call), and search (hybrid, k=10) for the marker: latency is from the tool returning
 to that search returning (the search first applies the edit: re-chunk, embed
 new chunks, update vectors and BM25). Then, untimed, it checks that BM25's
 top-1 for the marker and the vector search's top-1 for the new chunk's text
 are the edited chunk (``found``); whether the marker chunk also made the
-hybrid top-10 is reported separately (RRF can push a BM25-only hit below
+hybrid top-10 is reported separately (fusion can push a BM25-only hit below
 chunks that both rankers like, e.g. earlier markers). Each edit
 records how many chunks the file has, how many chunk hashes are new, and how
 many texts the embedder was actually given (the query is counted separately).
@@ -26,6 +28,7 @@ Usage: python benchmarks/incremental.py [--packages a,b] [--edits 30]
 from __future__ import annotations
 
 import argparse
+import ast
 import asyncio
 import os
 import random
@@ -83,6 +86,7 @@ async def run(args: argparse.Namespace) -> dict:
         ctx = ToolContext(ws, search_index=index)
         tool = EditFile()
         rows, lat, total = [], [], []
+        skipped_invalid = 0
         for i in range(20 * args.edits):
             if len(rows) == args.edits:
                 break
@@ -93,6 +97,11 @@ async def run(args: argparse.Namespace) -> dict:
                 continue
             indent = lines[1][: len(lines[1]) - len(lines[1].lstrip())] or "    "
             marker = f"flywheel_marker_{i}_{uuid.uuid4().hex[:12]}"  # new text: never in the shared cache
+            try:  # an edit that breaks the syntax re-chunks the rest of the file: not what this measures
+                ast.parse(data.replace(chunk.text, f"{chunk.text}\n{indent}{marker} = None"))
+            except SyntaxError:
+                skipped_invalid += 1
+                continue
             before = {c.content_hash for c in index.chunks(chunk.path)}
             n_before = len(embedder.calls)
             t0 = time.perf_counter()
@@ -126,6 +135,7 @@ async def run(args: argparse.Namespace) -> dict:
         "synthetic_padding_chunks": len(index) - real_chunks,
         "index_build": {"seconds": round(build_s, 1), "embedded": built.embedded, "reused": built.reused},
         "edits": len(rows),
+        "candidate_edits_skipped_as_invalid_python": skipped_invalid,
         "edit_to_search_visible": {"p50_ms": ms(lat, 50), "p95_ms": ms(lat, 95), "max_ms": round(max(lat) * 1000, 1)},
         "edit_tool_plus_search": {"p50_ms": ms(total, 50), "p95_ms": ms(total, 95)},
         "all_found_bm25_and_vector": all(r["found"] for r in rows),
