@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bug-packages", default=DEFAULT_BUG_TUNE,
                     help=f"sdists for the code-query weight (default {DEFAULT_BUG_TUNE}); 'none' skips it")
     ap.add_argument("--max-queries", type=int, default=400, help="per package (default 400)")
-    ap.add_argument("--mutations", type=int, default=15, help="caught mutations per bug package (default 15)")
+    ap.add_argument("--mutations", type=int, default=40, help="caught mutations per bug package (default 40)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()

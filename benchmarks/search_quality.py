@@ -19,7 +19,7 @@ search (the query's 3 rarest identifier-like words, files ranked by match
 count) as the lexical baseline at file level.
 
     python benchmarks/search_quality.py [--packages click,packaging,jinja2] [--bug-package toolz==1.0.0]
-                                        [--mutations 15] [--quick]
+                                        [--mutations 40] [--quick]
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bug-package", default=DEFAULT_BUG_PACKAGE,
                     help=f"NAME==VERSION whose sdist ships tests, for task 2 (default {DEFAULT_BUG_PACKAGE}); "
                     "'none' skips it")
-    ap.add_argument("--mutations", type=int, default=None, help="failing mutations to collect (default 15; quick 4)")
+    ap.add_argument("--mutations", type=int, default=None, help="failing mutations to collect (default 40; quick 2)")
     ap.add_argument("--max-queries", type=int, default=None, help="cap per package (default all; quick 60)")
     ap.add_argument("--model", default=None, help="sentence-transformers model path (default: bundled MiniLM)")
     ap.add_argument("--private-index", action="store_true",
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default=None, help="result name (default search_quality[_quick])")
     args = ap.parse_args(argv)
     packages = (args.packages or ("pluggy" if args.quick else DEFAULT_PACKAGES)).split(",")
-    n_mut = args.mutations if args.mutations is not None else (2 if args.quick else 15)
+    n_mut = args.mutations if args.mutations is not None else (2 if args.quick else 40)
     max_q = args.max_queries if args.max_queries is not None else (40 if args.quick else None)
     t_start = time.perf_counter()
 

@@ -5,7 +5,7 @@ Fusion Functions for Hybrid Retrieval", 2023, call the family TM2C2):
 each list's scores are divided by that list's best score, so 1.0 is the best
 hit of each retriever and 0 is "no similarity / no term matched"; then
 
-    score(c) = (1 - w) * vector(c) + w * bm25(c),   w = BM25_WEIGHT
+    score(c) = (1 - w) * vector(c) + w * bm25(c),   w = bm25_weight_for(query)
 
 A candidate missing from one list (it ranked below that list's pool) takes
 the lowest normalised score in that list's pool, not 0: it may be just below
@@ -18,10 +18,12 @@ worse than vector search alone (0.354 vs 0.379); a convex combination keeps
 the magnitude of each retriever's confidence.
 
 The weight depends on the query (:func:`bm25_weight_for`): prose queries
-("where are retries handled") lean on the embeddings, queries that are mostly
-code or tool output (a failing test's name and its error lines, identifiers)
-lean on BM25, which wins clearly on those (bug localisation on the tuning
-sdists: function MRR@10 0.109 for BM25 vs 0.019 for vectors).
+("where are retries handled") lean on the embeddings (0.15); queries that are
+mostly code or tool output (a failing test's name and its error lines,
+identifiers) lean on BM25 (0.7), which wins clearly there (bug localisation
+on the tuning sdists, 58 queries: function MRR@10 0.119 for BM25, 0.022 for
+vectors). BM25 also indexes each chunk's path (``embeddings.index.bm25_text``),
+so a module named in a query or in a failing test's file name counts.
 
 Both weights were chosen by ``benchmarks/fusion_tune.py`` on packages that are
 not in the default evaluation — ``BM25_WEIGHT`` on docstring queries of httpx,
@@ -31,9 +33,10 @@ largest worst-case margin over the better single retriever at both function
 and file level. ``benchmarks/search_quality.py`` then measures them on other
 packages (default click, packaging, jinja2; toolz for bugs).
 
-Not guaranteed: that the weight suits every corpus or query style (it was
-tuned on Python docstring queries); scores are comparable within one result
-list only.
+Not guaranteed: that the weights suit every corpus or query style (they were
+tuned on Python code, with small bug-localisation samples); that
+:func:`is_code_query` classifies mixed queries as a person would; scores are
+comparable within one result list only.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ import re
 from collections.abc import Sequence
 
 BM25_WEIGHT = 0.15  # prose queries ("code that parses the config file")
-CODE_QUERY_BM25_WEIGHT = 0.8  # queries that are mostly code: error output, test names, identifiers
+CODE_QUERY_BM25_WEIGHT = 0.7  # queries that are mostly code: error output, test names, identifiers
 POOL = 50  # candidates taken from each retriever (at least 5 * k)
 
 _TOKEN = re.compile(r"\S+")

@@ -309,7 +309,7 @@ class WorkspaceIndex:
             self._files[path] = _File(h, st.st_size if st else -1, st.st_mtime_ns if st else -1, ids)
             for cid, c in zip(ids, chunks):
                 self._chunks[cid] = c
-                self._bm25.add(cid, c.text)
+                self._bm25.add(cid, bm25_text(c))
             if ids:
                 rows = np.stack([have[c.content_hash] for c in chunks])
                 self._vecs(rows.shape[1]).add(ids, rows)
@@ -341,7 +341,7 @@ class WorkspaceIndex:
                 self._files[path] = _File("", -1, -1, ids)
                 for cid, r in zip(ids, rows):
                     self._chunks[cid] = chunks[r]
-                    self._bm25.add(cid, chunks[r].text)
+                    self._bm25.add(cid, bm25_text(chunks[r]))
                 self._vecs(vectors.shape[1]).add(ids, vectors[rows])
 
     # -- freshness hooks --------------------------------------------------------
@@ -447,7 +447,7 @@ class WorkspaceIndex:
             self._files[path] = _File(f["hash"], f["size"], f["mtime_ns"], ids)
             for cid, c in zip(ids, chunks):
                 self._chunks[cid] = c
-                self._bm25.add(cid, c.text)
+                self._bm25.add(cid, bm25_text(c))
                 vectors[cid] = have[c.content_hash]
         if not vectors:
             return
@@ -479,6 +479,13 @@ class WorkspaceIndex:
 
     def close(self) -> None:
         self.cache.close()
+
+
+def bm25_text(chunk: Chunk) -> str:
+    """What BM25 indexes for a chunk: its path, then its text. The path's words count as
+    terms (``toolz/itertoolz.py`` → toolz, itertoolz): queries often name a module, and a
+    failing test's file names the module it tests. The embeddings see the text only."""
+    return f"{chunk.path}\n{chunk.text}"
 
 
 def _glob_match(path: str, pattern: str) -> bool:

@@ -267,3 +267,11 @@ def test_unreadable_graph_falls_back_to_a_rebuild(tree, data_dir, embedder) -> N
     again = WorkspaceIndex(tree, embedder=embedder, data_dir=data_dir, ann_threshold=2)
     assert again._vectors is not None and not again._vectors.uses_ann
     assert _ranked(again, "area of a circle") == want
+
+
+def test_bm25_matches_words_of_the_path(tree, data_dir, embedder) -> None:
+    idx = WorkspaceIndex(tree, embedder=embedder, data_dir=data_dir)
+    idx.refresh()
+    assert all("geometry" not in c.text for c in idx.chunks("src/shapes/geometry.py"))
+    hits = idx.search("geometry", k=3, mode="bm25")
+    assert hits and all(h.chunk.path == "src/shapes/geometry.py" for h in hits)
