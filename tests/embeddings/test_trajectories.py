@@ -184,3 +184,33 @@ class Stack:
     for p in pairs:
         assert '"""' not in p.chunk.text
         assert ("a + b" in p.chunk.text) or ("append" in p.chunk.text)
+
+
+def test_pairs_from_a_real_session_log(tmp_path: Path) -> None:
+    """A session recorded by the server (SQLite log) yields (request -> read/edited chunk) pairs."""
+    from agent.parser import encode_call as call
+    from backend.db.engine import make_engine
+    from backend.db.log import SessionLog
+    from embeddings.trajectories import pairs_from_log
+    from tests.backend.conftest import make_api
+    from tests.backend.test_sessions_api import wait_turn_end
+
+    db = f"sqlite:///{tmp_path / 'fw.db'}"
+    with make_api(db, tmp_path, semantic_search=False) as api:
+        s = api.create("alice", [
+            call("read_file", {"path": "app.py"}),
+            call("edit_file", {"path": "app.py", "search": "a - b", "replace": "a + b"}),
+            "fixed",
+        ])
+        api.client.post(f"/v1/sessions/{s['id']}/messages", json={"text": "add() subtracts instead of adding"},
+                        headers=api.h("alice"))
+        wait_turn_end(api, s["id"])
+    engine = make_engine(db)
+    try:
+        pairs = pairs_from_log(SessionLog(engine))
+    finally:
+        engine.dispose()
+    assert pairs, "no pairs from a session that read and edited a function"
+    assert {p.query for p in pairs} == {"add() subtracts instead of adding"}
+    assert {p.evidence for p in pairs} >= {"edit"} and all(p.chunk.symbol == "add" for p in pairs)
+    assert all(p.session_id == s["id"] for p in pairs)
