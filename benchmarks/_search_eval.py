@@ -158,10 +158,20 @@ def summarize(ranks: list[int | None]) -> dict:
     n = len(ranks)
     if n == 0:
         return {"n": 0}
-    out = {"n": n, "mrr@10": round(sum(1 / r for r in ranks if r) / n, 4)}
+    out: dict = {"n": n, "mrr@10": round(sum(1 / r for r in ranks if r) / n, 4)}
     for k in KS:
         out[f"recall@{k}"] = round(sum(1 for r in ranks if r and r <= k) / n, 4)
+    out["_rr"] = [1 / r if r else 0.0 for r in ranks]  # per query, for paired comparisons (not written out)
     return out
+
+
+def strip_private(d: object) -> object:
+    """``d`` without keys that start with '_' (per-query data kept for the comparisons)."""
+    if isinstance(d, dict):
+        return {k: strip_private(v) for k, v in d.items() if not (isinstance(k, str) and k.startswith("_"))}
+    if isinstance(d, list):
+        return [strip_private(v) for v in d]
+    return d
 
 
 def score_index(index, targets: list[Target], *, k_chunks: int = 50) -> dict:

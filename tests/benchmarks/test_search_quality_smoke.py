@@ -176,3 +176,17 @@ def test_end_to_end_small(tmp_path: Path) -> None:
     assert res["queries"] >= 1 and res["version"] == "1.0"
     assert all(m["path"] == "mathx/core.py" for m in res["mutations"])
     assert res["scores"]["hybrid"]["file"]["n"] == res["queries"]
+
+
+def test_check_hybrid_reports_the_paired_difference_and_its_interval() -> None:
+    from benchmarks.search_quality import check_hybrid, paired_bootstrap
+
+    better = summarize([1, 1, 2, None, 1])
+    worse = summarize([2, 3, 2, None, 1])
+    scores = {"hybrid": {"file": better}, "bm25": {"file": worse}, "vector": {"file": summarize([None] * 5)}}
+    out = check_hybrid(scores)["file"]
+    assert out["best_single"] == "bm25" and out["hybrid_not_worse"]
+    assert out["difference"] == round(better["mrr@10"] - worse["mrr@10"], 4)
+    lo, hi = out["difference_ci95"]
+    assert lo <= out["difference"] <= hi and hi > 0
+    assert paired_bootstrap([0.5] * 10, [0.5] * 10) == [0.0, 0.0]
