@@ -122,7 +122,8 @@ class Hub:
         return default_tools(commands=self.sandbox is not None, semantic_search=self.indexes is not None)
 
     def search_index(self, workspace: Workspace) -> BackgroundIndex | None:
-        """The live session's index (built in the background once a turn starts)."""
+        """The live session's index, built on the pool's thread at its first search (lazily: a
+        session that never searches costs no indexing and never loads the embedder)."""
         return self.indexes.get(workspace.root) if self.indexes is not None else None
 
     async def complete_index(self, workspace: Workspace) -> WorkspaceIndex | None:
@@ -245,9 +246,6 @@ class Hub:
     async def _turn(self, live: LiveSession, text: str | None) -> None:
         try:
             await asyncio.to_thread(self.log.set_status, live.info.id, "running")
-            index = live.session.ctx.search_index
-            if index is not None:
-                index.start()  # queued on the pool's worker; the turn does not wait for it
             await live.session.run_turn(text)
         except Exception:
             log.exception("session %s: turn failed", live.info.id)

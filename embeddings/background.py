@@ -9,7 +9,9 @@ so several sessions' builds queue instead of fighting over the CPU, and
 content already embedded for any workspace (same data dir) is reused, so a
 fork of an indexed workspace costs a walk, chunking and BM25, no embedding.
 
-:meth:`BackgroundIndex.search` waits a short while for the build and then
+:meth:`BackgroundIndex.search` starts the build when none has started (the
+server builds lazily: a session that never searches costs nothing), waits a
+short while for it and then
 raises :class:`IndexNotReady` with the progress, which the ``semantic_search``
 tool turns into an error result telling the model to use grep meanwhile.
 Edits reported while the build runs (``notify_edits``) are applied before
