@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.semantic_search:
             from embeddings.background import IndexPool
 
-            indexes = IndexPool(settings.data_dir / "index")
+            indexes = IndexPool(settings.index_dir or settings.data_dir / "index")
         hub = Hub(
             log_=session_log, writer=writer, store=store, sandbox=sandbox,
             policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,

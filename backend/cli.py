@@ -185,7 +185,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
                    "(default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="where indexes and the shared embedding cache live "
-                   "(default $FLYWHEEL_INDEX_DIR or ~/.cache/flywheel/index)")
+                   "(default $FLYWHEEL_INDEX_DIR, else ~/.local/share/flywheel/index: the cache a default flywheel serve uses too)")
 
     def run(args: argparse.Namespace) -> int:
         from embeddings.embedder import DEFAULT_MODEL, SentenceTransformerEmbedder

@@ -54,6 +54,9 @@ class Settings(BaseSettings):
         "chat", description="'completions' sends the runtime's own rendered prompt (use with `flywheel policy serve`)"
     )
     sandbox: bool = Field(True, description="run commands under bubblewrap; False refuses run_command")
+    index_dir: Path | None = Field(
+        None, description="search indexes and the shared embedding cache; default data_dir/index "
+        "(the same place `flywheel index` uses by default)")
     semantic_search: bool = Field(
         True, description="give sessions the semantic_search tool; each workspace is indexed in the background "
         "(embeddings cached in data_dir/index, shared by all workspaces)")

@@ -1,7 +1,7 @@
 """A workspace's search index: chunks keyed by content hash, embeddings, BM25,
 hybrid search, and incremental updates.
 
-On-disk layout (``data_dir``, default ``~/.cache/flywheel/index``)::
+On-disk layout (``data_dir``, default :func:`default_data_dir`)::
 
     embeddings.sqlite                    shared cache: (model, chunk content_hash) -> float32 vector
     indexes/<sha256(root)[:16]>/manifest.json
@@ -55,8 +55,15 @@ MANIFEST_VERSION = 1
 
 
 def default_data_dir() -> Path:
+    """``$FLYWHEEL_INDEX_DIR``, else ``index/`` in the server's default data directory
+    (``$XDG_DATA_HOME/flywheel`` or ``~/.local/share/flywheel``), so ``flywheel index``,
+    ``flywheel run --semantic-search`` and a default ``flywheel serve`` share one
+    embedding cache."""
     env = os.environ.get("FLYWHEEL_INDEX_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "flywheel" / "index"
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "flywheel" / "index"
 
 
 @dataclass(slots=True)

@@ -62,3 +62,15 @@ def test_search_before_the_index_is_built_is_an_error_result_not_a_failure(searc
     (res,) = _results(events)
     assert not res["ok"] and "still being built" in res["output"] and "grep" in res["output"], res
     blocker.result()
+
+
+def test_index_dir_setting_and_the_cli_default_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from embeddings.index import default_data_dir
+
+    monkeypatch.setenv("FLYWHEEL_INDEX_DIR", str(tmp_path / "shared-index"))
+    assert default_data_dir() == tmp_path / "shared-index"  # what `flywheel index` uses
+    with make_api(f"sqlite:///{tmp_path / 'fw.db'}", tmp_path) as api:  # Settings reads FLYWHEEL_INDEX_DIR too
+        assert api.client.app.state.flywheel.hub.indexes.data_dir == tmp_path / "shared-index"  # type: ignore[attr-defined]
+    monkeypatch.delenv("FLYWHEEL_INDEX_DIR")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_data_dir() == tmp_path / "xdg" / "flywheel" / "index"
