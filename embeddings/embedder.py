@@ -59,14 +59,24 @@ class SentenceTransformerEmbedder:
     ``embed`` is serialised by a lock (one torch forward at a time).
     """
 
-    def __init__(self, model: str = DEFAULT_MODEL, *, batch_size: int = 64) -> None:
+    def __init__(self, model: str = DEFAULT_MODEL, *, batch_size: int | None = None) -> None:
         self._model_name = model
-        self.batch_size = batch_size
+        self._batch_size = batch_size
         self._lock = threading.Lock()
 
     @property
     def name(self) -> str:
         return self._model_name
+
+    @property
+    def batch_size(self) -> int:
+        """Texts per forward pass: given, else 8 on a CPU and 64 on a GPU. On this project's
+        2-core machine small batches were faster and lighter (MiniLM, 1,500 stdlib chunks:
+        8 → 52 chunks/s, 918 MB peak RSS; 64 → 32 chunks/s, 1,414 MB): sentence-transformers
+        pads each batch to its longest text, and attention grows with the square of that."""
+        if self._batch_size is not None:
+            return self._batch_size
+        return 64 if str(getattr(self.model, "device", "cpu")).startswith("cuda") else 8
 
     @property
     def model(self) -> Any:
