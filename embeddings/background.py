@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -53,7 +53,7 @@ class BackgroundIndex:
         self.root = root
         self._pool = pool
         self._index: WorkspaceIndex | None = None
-        self._future: Future[None] | None = None
+        self._future: Future[object] | None = None
         self._lock = threading.Lock()
         self._pending: set[str] = set()
         self._tree_changed = False
@@ -69,7 +69,7 @@ class BackgroundIndex:
             return "building"
         return "failed" if self.error else "ready"
 
-    def start(self) -> Future[None]:
+    def start(self) -> Future[object]:
         """Queue the build (idempotent); returns its future."""
         with self._lock:
             if self._future is None:
@@ -147,8 +147,9 @@ class IndexPool:
             self._embedder = SentenceTransformerEmbedder()
         return self._embedder
 
-    def submit(self, fn: object) -> Future[None]:
-        return self._executor.submit(fn)  # type: ignore[arg-type]
+    def submit(self, fn: Callable[[], object]) -> Future[object]:
+        """Run ``fn`` on the pool's one indexing thread, after the builds queued before it."""
+        return self._executor.submit(fn)
 
     def get(self, root: str | os.PathLike[str]) -> BackgroundIndex:
         key = Path(os.path.realpath(root))
