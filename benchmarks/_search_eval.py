@@ -175,7 +175,8 @@ def strip_private(d: object) -> object:
 
 
 def score_index(index, targets: list[Target], *, k_chunks: int = 50) -> dict:
-    """Per mode: function-level and file-level metrics."""
+    """Per mode: function-level and file-level metrics (and, under ``_ranks``, each query's rank
+    of its target in the top 10, None when missing)."""
     res: dict = {}
     for mode in MODES:
         fn_ranks: list[int | None] = []
@@ -186,7 +187,8 @@ def score_index(index, targets: list[Target], *, k_chunks: int = 50) -> dict:
             fn_ranks.append(rank_of(chunks, lambda c, t=t: is_function_hit(c, t)))
             files = dedup_files(c.path for c in chunks)
             file_ranks.append(rank_of(files, lambda p, t=t: p == t.path))
-        res[mode] = {"function": summarize(fn_ranks), "file": summarize(file_ranks)}
+        res[mode] = {"function": summarize(fn_ranks), "file": summarize(file_ranks),
+                     "_ranks": {"function": fn_ranks, "file": file_ranks}}
     return res
 
 
@@ -455,9 +457,11 @@ def _apply(text: str, target: ast.AST, kind: str) -> tuple[str, str] | None:
     return "".join(lines), f"line {target.lineno}: {before} -> {after}"
 
 
-def run_tests(root: Path, test_dir: str, *, timeout: float = 60.0) -> tuple[bool, str]:
-    """Run the sdist's tests with pytest (stop at the first failure). Returns (passed, output)."""
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+def run_tests(root: Path, test_dir: str, *, timeout: float = 60.0, import_dir: str = ".") -> tuple[bool, str]:
+    """Run the sdist's tests with pytest (stop at the first failure). Returns (passed, output).
+    ``import_dir``: where the package is imported from, relative to ``root`` (``src`` for a src layout)."""
+    path = os.pathsep.join(dict.fromkeys([str(root / import_dir), str(root)]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
     try:
         p = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "--tb=short", "-p", "no:cacheprovider",
                             "-p", "no:randomly", test_dir], cwd=root, env=env, capture_output=True, text=True,

@@ -18,20 +18,32 @@ worse than vector search alone (0.354 vs 0.379); a convex combination keeps
 the magnitude of each retriever's confidence.
 
 The weight depends on the query (:func:`bm25_weight_for`): prose queries
-("where are retries handled") lean on the embeddings (0.15); queries that are
-mostly code or tool output (a failing test's name and its error lines,
-identifiers) lean on BM25 (0.7), which wins clearly there (bug localisation
-on the tuning sdists, 58 queries: function MRR@10 0.119 for BM25, 0.022 for
-vectors). BM25 also indexes each chunk's path (``embeddings.index.bm25_text``),
-so a module named in a query or in a failing test's file name counts.
+("where are retries handled") lean on the embeddings (0.15); for queries that
+are mostly code or tool output (a failing test's name and its error lines,
+identifiers) the tuning picked BM25 alone (1.0): there the embeddings find
+next to nothing (bug localisation on the tuning sdists, 114 queries: function
+MRR@10 0.098 for BM25, 0.013 for vectors; every weight below 1 was worse once
+symbol links were added). The vector list then only contributes candidates.
+BM25 also indexes each chunk's path (``embeddings.index.bm25_text``), so a
+module named in a query or in a failing test's file name counts.
 
-Both weights were chosen by ``benchmarks/fusion_tune.py`` on packages that are
-not in the default evaluation — ``BM25_WEIGHT`` on docstring queries of httpx,
-h11, pathspec, tqdm and anyio, ``CODE_QUERY_BM25_WEIGHT`` on bug-localisation
-queries of the pathspec 0.12.1 and h11 0.14.0 sdists: the grid point with the
-largest worst-case margin over the better single retriever at both function
-and file level. ``benchmarks/search_quality.py`` then measures them on other
-packages (default click, packaging, jinja2; toolz for bugs).
+Code queries also follow symbol links (:mod:`embeddings.symbols`): the
+definitions that the chunks a query names by identifier refer to (a failing
+test -> the functions it calls -> what those call, ``LINK_DEPTH`` hops) get
+``LINK_WEIGHT`` added (halved per further hop), candidates or not. Neither
+retriever gets from a failing test to the code under test; on the tuning
+sdists the links lift function MRR@10 from 0.098 to 0.118 and file MRR@10
+from 0.272 to 0.338 (``benchmarks/results/fusion_tune.json``).
+
+The weights were chosen by ``benchmarks/fusion_tune.py`` on packages that are
+not in the default evaluation: ``BM25_WEIGHT`` on docstring queries of httpx,
+h11, pathspec, tqdm and anyio; ``CODE_QUERY_BM25_WEIGHT``, ``LINK_WEIGHT`` and
+``LINK_DEPTH`` on bug-localisation queries of the pathspec 0.12.1, h11 0.14.0,
+simplejson 4.3.0 and idna 3.20 sdists. Each is the grid point with the largest
+worst-case margin over the better single retriever at function and file
+level. ``benchmarks/search_quality.py`` then measures them on other packages
+(click, packaging, jinja2 for docstrings; toolz, cachetools, boltons,
+sqlparse, pyflakes, pycparser for bugs).
 
 Not guaranteed: that the weights suit every corpus or query style (they were
 tuned on Python code, with small bug-localisation samples); that
@@ -42,10 +54,12 @@ comparable within one result list only.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 BM25_WEIGHT = 0.15  # prose queries ("code that parses the config file")
-CODE_QUERY_BM25_WEIGHT = 0.7  # queries that are mostly code: error output, test names, identifiers
+CODE_QUERY_BM25_WEIGHT = 1.0  # queries that are mostly code: error output, test names, identifiers
+LINK_WEIGHT = 0.3  # added to definitions linked from what a code query names (see embeddings.symbols)
+LINK_DEPTH = 2  # hops of symbol links followed
 POOL = 50  # candidates taken from each retriever (at least 5 * k)
 
 _TOKEN = re.compile(r"\S+")
@@ -85,12 +99,18 @@ def normalise(results: Sequence[tuple[int, float]]) -> dict[int, float]:
 
 
 def fuse(vector: Sequence[tuple[int, float]], bm25: Sequence[tuple[int, float]],
-         weight: float = BM25_WEIGHT) -> list[tuple[int, float]]:  # fmt: skip
-    """Candidates of both lists ranked by the convex combination (ties by id), best first."""
+         weight: float = BM25_WEIGHT, *, linked: Mapping[int, float] | None = None,
+         link_weight: float = LINK_WEIGHT) -> list[tuple[int, float]]:  # fmt: skip
+    """Candidates of both lists (and of ``linked``) ranked by the convex combination plus
+    ``link_weight * linked[c]`` (ties by id), best first."""
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"BM25 weight must be in [0, 1], got {weight}")
+    if link_weight < 0:
+        raise ValueError(f"link weight must be >= 0, got {link_weight}")
     v, b = normalise(vector), normalise(bm25)
     v_floor = min(v.values(), default=0.0)
     b_floor = min(b.values(), default=0.0)
-    fused = {cid: (1.0 - weight) * v.get(cid, v_floor) + weight * b.get(cid, b_floor) for cid in v.keys() | b.keys()}
+    linked = linked or {}
+    fused = {cid: (1.0 - weight) * v.get(cid, v_floor) + weight * b.get(cid, b_floor)
+             + link_weight * linked.get(cid, 0.0) for cid in v.keys() | b.keys() | linked.keys()}
     return sorted(fused.items(), key=lambda t: (-t[1], t[0]))

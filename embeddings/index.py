@@ -45,8 +45,9 @@ import numpy as np
 from embeddings.bm25 import BM25Index
 from embeddings.cache import EmbeddingCache
 from embeddings.embedder import Embedder, SentenceTransformerEmbedder
-from embeddings.fusion import POOL, bm25_weight_for, fuse
+from embeddings.fusion import LINK_DEPTH, POOL, bm25_weight_for, fuse, is_code_query
 from embeddings.merkle import dir_hashes, file_hash
+from embeddings.symbols import SymbolTable
 from embeddings.types import Chunk, SearchHit
 from embeddings.vectors import ANN_THRESHOLD, VectorIndex
 
@@ -154,6 +155,7 @@ class WorkspaceIndex:
         self._ann_threshold = ann_threshold
         self._vectors: VectorIndex | None = None
         self._bm25 = BM25Index()
+        self._symbols = SymbolTable()
         self._files: dict[str, _File] = {}
         self._chunks: dict[int, Chunk] = {}
         self._next_id = 0
@@ -171,6 +173,11 @@ class WorkspaceIndex:
     @property
     def files(self) -> list[str]:
         return sorted(self._files)
+
+    def chunk(self, cid: int) -> Chunk:
+        """The chunk with this id (ids as :meth:`linked` returns them; valid until it changes)."""
+        with self._lock:
+            return self._chunks[cid]
 
     def chunks(self, path: str | None = None) -> list[Chunk]:
         with self._lock:
@@ -315,8 +322,7 @@ class WorkspaceIndex:
             self._next_id += len(chunks)
             self._files[path] = _File(h, st.st_size if st else -1, st.st_mtime_ns if st else -1, ids)
             for cid, c in zip(ids, chunks):
-                self._chunks[cid] = c
-                self._bm25.add(cid, bm25_text(c))
+                self._add_chunk(cid, c)
             if ids:
                 rows = np.stack([have[c.content_hash] for c in chunks])
                 self._vecs(rows.shape[1]).add(ids, rows)
@@ -325,10 +331,15 @@ class WorkspaceIndex:
         stats.seconds = time.perf_counter() - t0
         return stats
 
+    def _add_chunk(self, cid: int, c: Chunk) -> None:
+        self._chunks[cid] = c
+        self._bm25.add(cid, bm25_text(c))
+        self._symbols.add(cid, c)
+
     def _drop(self, path: str) -> None:
         f = self._files.pop(path)
         for cid in f.ids:
-            del self._chunks[cid]
+            self._symbols.remove(cid, self._chunks.pop(cid))
             self._bm25.remove(cid)
         if self._vectors is not None:
             self._vectors.remove(f.ids)
@@ -347,8 +358,7 @@ class WorkspaceIndex:
                 self._next_id += len(rows)
                 self._files[path] = _File("", -1, -1, ids)
                 for cid, r in zip(ids, rows):
-                    self._chunks[cid] = chunks[r]
-                    self._bm25.add(cid, bm25_text(chunks[r]))
+                    self._add_chunk(cid, chunks[r])
                 self._vecs(vectors.shape[1]).add(ids, vectors[rows])
 
     # -- freshness hooks --------------------------------------------------------
@@ -391,8 +401,18 @@ class WorkspaceIndex:
             elif mode == "bm25":
                 ranked = lex
             else:
-                ranked = fuse(vec, lex, bm25_weight_for(query))
+                ranked = fuse(vec, lex, bm25_weight_for(query), linked=self.linked(query, allowed))
             return [SearchHit(self._chunks[cid], score, mode) for cid, score in ranked[:k]]
+
+    def linked(self, query: str, allowed: set[int] | None = None, *, depth: int = LINK_DEPTH) -> dict[int, float]:
+        """For a code query (:func:`embeddings.fusion.is_code_query`): the definitions linked from
+        the chunks it names (:meth:`embeddings.symbols.SymbolTable.neighbours`), within
+        ``allowed``; empty for prose queries."""
+        if not is_code_query(query):
+            return {}
+        with self._lock:
+            out = self._symbols.neighbours(query, lambda cid: self._chunks[cid].text, depth=depth)
+        return out if allowed is None else {c: s for c, s in out.items() if c in allowed}
 
     def embed_query(self, query: str) -> np.ndarray:
         q = self._query_cache.get(query)
@@ -453,8 +473,7 @@ class WorkspaceIndex:
             self._next_id += len(chunks)
             self._files[path] = _File(f["hash"], f["size"], f["mtime_ns"], ids)
             for cid, c in zip(ids, chunks):
-                self._chunks[cid] = c
-                self._bm25.add(cid, bm25_text(c))
+                self._add_chunk(cid, c)
                 vectors[cid] = have[c.content_hash]
         if not vectors:
             return

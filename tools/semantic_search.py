@@ -28,6 +28,8 @@ class SemanticSearch:
             "keyword (BM25) relevance. Prefer it over grep when you know what the code does but "
             "not what it is called ('where are retries with backoff handled', 'code that parses "
             "the config file'); use grep for exact identifiers, strings and regular expressions. "
+            "Given a failing test's name and error output, it also returns the functions that test "
+            "calls, not just the test. "
             "Each result is 'path:start-end  symbol  score' followed by a short snippet; read the "
             "file for the full code. Reflects edits made earlier in the session."
         ),

@@ -190,3 +190,18 @@ def test_check_hybrid_reports_the_paired_difference_and_its_interval() -> None:
     lo, hi = out["difference_ci95"]
     assert lo <= out["difference"] <= hi and hi > 0
     assert paired_bootstrap([0.5] * 10, [0.5] * 10) == [0.0, 0.0]
+
+
+def test_src_layout_and_dashed_names_are_found_and_importable(tmp_path: Path) -> None:
+    """cachetools-style sdists: the package under src/, imported from there by the tests."""
+    from benchmarks.search_quality import find_layout
+
+    root = make_pkg(tmp_path)
+    (root / "src").mkdir()
+    (root / "mathx").rename(root / "src" / "math_x")
+    (root / "tests" / "test_core.py").write_text(TESTS.replace("from mathx.core", "from math_x.core"))
+    assert find_layout(root, "math-x") == ("src/math_x", "tests")
+    ok, out = run_tests(root, "tests", import_dir="src")
+    assert ok, out[-2000:]
+    ok, out = run_tests(root, "tests")  # without the src entry the tests cannot import it
+    assert not ok and "math_x" in out

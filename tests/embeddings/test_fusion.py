@@ -40,3 +40,15 @@ def test_ties_break_by_id_and_bad_weights_are_refused() -> None:
     assert 0 < BM25_WEIGHT < 0.5
     with pytest.raises(ValueError, match="weight"):
         fuse([], [], 1.5)
+
+
+def test_linked_chunks_are_lifted_even_from_outside_both_lists() -> None:
+    vec = [(1, 0.9), (2, 0.8)]
+    lex = [(1, 10.0), (2, 9.0)]
+    assert [c for c, _ in fuse(vec, lex, 0.7)] == [1, 2]
+    ranked = fuse(vec, lex, 0.7, linked={7: 1.0, 2: 0.5}, link_weight=1.0)
+    assert [c for c, _ in ranked] == [7, 2, 1]
+    # a zero link weight is the plain combination (the linked chunk trails at the floors)
+    assert [c for c, _ in fuse(vec, lex, 0.7, linked={7: 1.0}, link_weight=0.0)] == [1, 2, 7]
+    with pytest.raises(ValueError, match="link weight"):
+        fuse(vec, lex, 0.7, linked={7: 1.0}, link_weight=-1.0)

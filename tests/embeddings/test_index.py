@@ -275,3 +275,45 @@ def test_bm25_matches_words_of_the_path(tree, data_dir, embedder) -> None:
     assert all("geometry" not in c.text for c in idx.chunks("src/shapes/geometry.py"))
     hits = idx.search("geometry", k=3, mode="bm25")
     assert hits and all(h.chunk.path == "src/shapes/geometry.py" for h in hits)
+
+
+SHAPE_TESTS = '''from shapes.geometry import rectangle_perimeter
+
+
+def test_rect():
+    assert rectangle_perimeter(2, 3) == 10
+
+
+def test_rect_square():
+    assert rectangle_perimeter(1, 1) == 4
+
+
+def test_rect_zero():
+    assert rectangle_perimeter(0, 0) == 0
+'''
+
+
+def test_a_failing_test_leads_hybrid_to_the_function_it_calls(tree, data_dir, embedder) -> None:
+    (tree / "tests").mkdir()
+    (tree / "tests" / "test_shapes.py").write_text(SHAPE_TESTS)
+    idx = WorkspaceIndex(tree, embedder=embedder, data_dir=data_dir)
+    idx.refresh()
+    query = "tests/test_shapes.py test_rect_square\nAssertionError: assert 5 == 4"  # names the test only
+    linked = {idx.chunk(cid).symbol: s for cid, s in idx.linked(query).items()}
+    assert linked == {"rectangle_perimeter": 1.0}
+
+    def rank(index: WorkspaceIndex) -> int:
+        return [h.chunk.symbol for h in index.search(query, k=10)].index("rectangle_perimeter")
+
+    with_links = rank(idx)
+    idx.linked = lambda *a, **k: {}  # the same search without the links
+    assert with_links < rank(idx)
+    del idx.linked
+    # a prose question follows no links; a glob that excludes the target drops the link too
+    assert idx.linked("where is the perimeter of a rectangle computed") == {}
+    assert idx.linked(query, set()) == {}
+    # an edit that removes the definition removes the link
+    (tree / "src" / "shapes" / "geometry.py").write_text(GEO.replace("rectangle_perimeter", "rect_perim"))
+    idx.notify_edits(["src/shapes/geometry.py"])
+    idx.search("anything", k=1)
+    assert idx.linked(query) == {}
