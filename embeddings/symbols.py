@@ -72,15 +72,21 @@ class SymbolTable:
         return out
 
     def neighbours(self, query: str, text_of: Callable[[int], str], *, depth: int = 1,
-                   decay: float = 0.5) -> dict[int, float]:
+                   decay: float = 0.5, max_read: int = 200) -> dict[int, float]:
         """Chunks reached from the definitions ``query`` names: 1.0 for what those name directly,
         ``decay`` for the next hop, and so on up to ``depth`` hops. The named chunks themselves
-        are not included (the query already matches them lexically)."""
+        are not included (the query already matches them lexically). At most ``max_read`` chunk
+        texts are scanned for names (a long traceback naming many symbols in a large tree stays
+        cheap); a hop whose frontier is larger is not expanded further."""
         named = self.resolve(identifiers(query))
         seen = set(named)
         frontier = named
         out: dict[int, float] = {}
+        read = 0
         for hop in range(depth):
+            read += len(frontier)
+            if read > max_read:
+                break
             nxt = self.resolve({w for cid in frontier for w in identifiers(text_of(cid))}) - seen
             for cid in nxt:
                 out[cid] = decay**hop

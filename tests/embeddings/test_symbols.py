@@ -67,3 +67,15 @@ def test_removed_definitions_stop_linking(table: SymbolTable) -> None:
     assert table.resolve(["reduceby"]) == set()
     assert table.neighbours("test_reduceby", text_of) == {4: 1.0}
     table.remove(5, CHUNKS[5])  # not a definition: a no-op
+
+
+def test_reading_is_bounded(table: SymbolTable) -> None:
+    reads: list[int] = []
+
+    def counting(cid: int) -> str:
+        reads.append(cid)
+        return text_of(cid)
+
+    assert table.neighbours("test_reduceby", counting, depth=2, max_read=2) == {2: 1.0, 4: 1.0}
+    assert reads == [1]  # the second hop would read two more texts: 1 + 2 > 2
+    assert table.neighbours("test_reduceby", text_of, depth=2, max_read=0) == {}
