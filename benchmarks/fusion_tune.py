@@ -1,4 +1,4 @@
-"""Choose the hybrid ranking's BM25 weights (``embeddings.fusion``) on tuning packages.
+"""Choose the hybrid ranking's weights (``embeddings.fusion``) on tuning packages.
 
 Prose queries (``BM25_WEIGHT``): for each installed package in ``--packages``
 (default: ones the search-quality evaluation does not use), strip docstrings as
@@ -137,22 +137,23 @@ def pick(per_pkg: dict, weights: list[float], *, link_weights: list[float] = (0.
     (ties: the smaller link weight, then the shallower depth, then the smaller BM25 weight)."""
     single = {"vector": evaluate(per_pkg, lambda r: r["vector"]), "bm25": evaluate(per_pkg, lambda r: r["bm25"])}
     best_single = {lv: max(single["vector"][lv], single["bm25"][lv]) for lv in ("function", "file")}
+    with_links = len(link_weights) > 1
     grid = {}
     points = [(w, g, d) for w in weights for g in link_weights for d in (link_depths if g else link_depths[:1])]
     for w, g, d in points:
         m = evaluate(per_pkg, lambda r, w=w, g=g, d=d: fuse(r["vector"], r["bm25"], w,
                                                             linked=r.get("linked", {}).get(d), link_weight=g))
         m["worst_margin"] = round(min(m[lv] - best_single[lv] for lv in ("function", "file")), 4)
-        grid[point_name(w, g, d) if len(link_weights) > 1 else str(w)] = m
-    chosen = max(points, key=lambda p: (grid[point_name(*p) if len(link_weights) > 1 else str(p[0])]["worst_margin"],
-                                        -p[1], -p[2], -p[0]))
+        grid[(w, g, d)] = m
+    chosen = max(points, key=lambda p: (grid[p]["worst_margin"], -p[1], -p[2], -p[0]))
     out = {"packages": {n: {"distribution": p["distribution"], "version": p["version"], "queries": len(p["rows"]),
                             "code_queries": sum(r["code"] for r in p["rows"]), "chunks": p["chunks"]}
                         for n, p in per_pkg.items()},
            "mrr@10": {**single, "rrf_equal_weight": evaluate(per_pkg, lambda r: rrf(r["vector"], r["bm25"])),
-                      "convex_by_bm25_weight" if len(link_weights) == 1 else "convex_by_weights": grid},
+                      "convex_by_weights" if with_links else "convex_by_bm25_weight":
+                          {(point_name(*p) if with_links else str(p[0])): m for p, m in grid.items()}},
            "picked_bm25_weight": chosen[0]}
-    if len(link_weights) > 1:
+    if with_links:
         out.update(picked_link_weight=chosen[1], picked_link_depth=chosen[2])
     return out
 

