@@ -45,6 +45,33 @@ After the calls, stop and wait for the results."""
 
 
 @dataclass(frozen=True, slots=True)
+class PromptProfile:
+    """How a model is prompted: its system prompt and how tools are described.
+
+    A checkpoint stores its profile (``agent.model.checkpoint``); serving and
+    RL both render with it, so a model sees the same prompt in training and in
+    production. ``name`` is what is stored and logged; profiles are looked up
+    by name in :data:`PROFILES`.
+    """
+
+    name: str = "default"
+    system: str = DEFAULT_SYSTEM_PROMPT
+    tool_detail: Literal["full", "compact"] = "full"
+
+
+DEFAULT_PROFILE = PromptProfile()
+PROFILES: dict[str, PromptProfile] = {DEFAULT_PROFILE.name: DEFAULT_PROFILE}
+
+
+def profile_named(name: str) -> PromptProfile:
+    """The registered profile called ``name``; raises ``KeyError`` naming the known ones."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown prompt profile {name!r}; known: {', '.join(sorted(PROFILES))}") from None
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     role: Role
     content: str
@@ -94,14 +121,17 @@ def render_prompt(
     conversation: Sequence[Message],
     specs: Sequence[ToolSpec],
     *,
-    base_system: str = DEFAULT_SYSTEM_PROMPT,
+    profile: PromptProfile = DEFAULT_PROFILE,
+    base_system: str | None = None,
     template: ChatTemplate = CHAT_TEMPLATE,
 ) -> RenderedPrompt:
     """Render system prompt + conversation into chat messages and flat text.
 
     The text form ends with the assistant marker (generation prompt).
+    ``base_system`` overrides the profile's system prompt (kept for callers
+    that predate profiles).
     """
-    system = system_prompt(specs, base_system)
+    system = system_prompt(specs, profile.system if base_system is None else base_system)
     messages = [{"role": "system", "content": system}]
     pieces = [template.system, system, "\n", template.end]
     for m in conversation:
