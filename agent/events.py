@@ -108,7 +108,7 @@ class AssistantMessage(_Event):
 
 class TurnEnd(_Event):
     type: Literal["turn_end"] = "turn_end"
-    reason: Literal["completed", "max_steps", "max_tokens", "timeout", "interrupted", "error"]
+    reason: Literal["completed", "max_steps", "max_tokens", "timeout", "interrupted", "shutdown", "error"]
     steps: int
     output_tokens: int
     detail: str = ""

@@ -22,8 +22,8 @@ import logging
 import math
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from agent.calls import CallRejected, ToolCall, render_results, validate_call
 from agent.events import (
@@ -43,7 +43,7 @@ from agent.events import (
 )
 from agent.executor import CallOutcome, Executor
 from agent.parser import CallOpened, MalformedCall, ParamDelta, ParsedCall, ParseEvent, StreamParser, TextDelta
-from agent.policy import Policy, PolicyError
+from agent.policy import Policy, PolicyChunk, PolicyError
 from agent.prompt import DEFAULT_SYSTEM_PROMPT, Message, render_prompt
 from tools.base import Tool, ToolContext
 
@@ -64,6 +64,41 @@ class TurnOutcome:
     steps: int
     output_tokens: int
     final_text: str
+
+
+@dataclass(slots=True)
+class _StepState:
+    """Everything one model call has produced so far. The session records its
+    ``assistant_message`` from this object, once, whatever ends the step."""
+
+    step: int
+    executor: Executor
+    parts: list[str] = field(default_factory=list)  # raw model text, as streamed
+    visible: list[str] = field(default_factory=list)  # text outside tool calls
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    reported: int | None = None  # server-reported output tokens, if any
+    chars: int = 0
+    finish: str | None = None
+    open_names: dict[int, str] = field(default_factory=dict)
+    recorded: bool = False
+
+    def add(self, chunk: PolicyChunk) -> None:
+        self.parts.append(chunk.text)
+        self.chars += len(chunk.text)
+        self.token_ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        if chunk.output_tokens is not None:
+            self.reported = chunk.output_tokens
+        self.finish = chunk.finish_reason or self.finish
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    @property
+    def tokens(self) -> int:
+        return _count(self.chars, self.token_ids, self.reported)
 
 
 class _StopStream(Exception):
@@ -125,6 +160,7 @@ class Session:
             raise RuntimeError("a turn is already running in this session")
         self._turn += 1
         self._interrupted = False
+        self._stop_reason = "interrupted"
         self._started = False
         self._task = asyncio.create_task(self._run_turn(text), name=f"turn:{self.session_id}:{self._turn}")
         try:
@@ -137,8 +173,9 @@ class Session:
         finally:
             self._task = None
 
-    def interrupt(self) -> bool:
-        """Stop the running turn: tools are cancelled, the turn ends 'interrupted'.
+    def interrupt(self, *, reason: Literal["interrupted", "shutdown"] = "interrupted") -> bool:
+        """Stop the running turn: tools are cancelled, the turn ends with ``reason``
+        (``interrupted``: the user asked; ``shutdown``: the server is stopping).
 
         Idempotent: a second interrupt while the first is being handled does
         nothing (it must not cancel the clean-up).
@@ -147,6 +184,7 @@ class Session:
             return False
         if not self._interrupted:
             self._interrupted = True
+            self._stop_reason = reason
             if self._started:
                 self._task.cancel()
         return True
@@ -177,7 +215,7 @@ class Session:
         self._steps = 0
         self._tokens = 0
         self._final = ""
-        self._executor: Executor | None = None
+        self._current: _StepState | None = None
         reason, detail, why = "completed", "", ""
         error: ErrorEvent | None = None
         external_cancel = False
@@ -202,8 +240,12 @@ class Session:
             error = ErrorEvent(message=str(exc), source="policy")
         except asyncio.CancelledError:
             external_cancel = not self._interrupted
-            reason = "interrupted"
-            detail = why = "the user interrupted the turn" if self._interrupted else "the turn was cancelled"
+            if self._interrupted and self._stop_reason == "shutdown":
+                reason, detail = "shutdown", "the server stopped during this turn"
+                why = "the server stopped"
+            else:
+                reason = "interrupted"
+                detail = why = "the user interrupted the turn" if self._interrupted else "the turn was cancelled"
         except Exception as exc:  # a bug must not leave the turn open or tools running
             log.exception("session %s: turn failed", self.session_id)
             reason, detail, why = "error", f"internal error: {type(exc).__name__}: {exc}", "an internal error"
@@ -217,76 +259,85 @@ class Session:
         return TurnOutcome(reason, self._steps, self._tokens, self._final)
 
     async def _step(self, step: int) -> bool:
-        """One model call and its tools. Returns True when the model must continue."""
+        """One model call and its tools. Returns True when the model must continue.
+
+        The step's ``assistant_message`` is recorded in one place, in
+        ``finally``: a step cut off by the wall-clock limit, an interrupt or a
+        policy error is recorded from the same state as one that ended
+        normally (raw text, token ids and logprobs streamed so far), only its
+        ``finish_reason`` differs (``aborted`` or ``error``).
+        """
         prompt = render_prompt(self.conversation, self.specs, base_system=self.base_system)
         parser = StreamParser()
-        executor = Executor(self.tools, self.ctx, on_result=lambda o: self._on_result(step, o))
-        self._executor = executor
-        self._message_emitted = False
-        self._open_names: dict[int, str] = {}
-        self._text_parts: list[str] = []
-        self._visible: list[str] = []
-        token_ids: list[int] = []
-        logprobs: list[float] = []
-        reported: int | None = None
-        chars = 0
-        finish: str | None = None
+        state = _StepState(step, Executor(self.tools, self.ctx, on_result=lambda o: self._on_result(step, o)))
+        self._current = state
         limit: _LimitHit | None = None
-        stream = self.policy.stream(prompt)
-        stopped = False
+        finish_override: str | None = "aborted"
         try:
-            async for chunk in stream:
-                self._text_parts.append(chunk.text)
-                chars += len(chunk.text)
-                token_ids += chunk.token_ids
-                logprobs += chunk.logprobs
-                reported = chunk.output_tokens if chunk.output_tokens is not None else reported
-                finish = chunk.finish_reason or finish
-                for ev in parser.feed(chunk.text):
-                    await self._on_parse(step, ev, executor)
-                if self._tokens + _count(chars, token_ids, reported) > self.limits.max_output_tokens:
-                    limit = _LimitHit("max_tokens", f"the turn exceeded {self.limits.max_output_tokens} output tokens")
-                    break
-        except _StopStream:
-            stopped = True
-        finally:
-            await _aclose(stream)
-        if not stopped:
+            stream = self.policy.stream(prompt)
+            stopped = False
             try:
-                for ev in parser.finish():
-                    await self._on_parse(step, ev, executor)
+                async for chunk in stream:
+                    state.add(chunk)
+                    for ev in parser.feed(chunk.text):
+                        await self._on_parse(state, ev)
+                    if self._tokens + state.tokens > self.limits.max_output_tokens:
+                        limit = _LimitHit("max_tokens", f"the turn exceeded {self.limits.max_output_tokens} output tokens")
+                        break
             except _StopStream:
-                pass
-        text = "".join(self._text_parts)
-        used = _count(chars, token_ids, reported)
-        self._tokens += used
-        await self.emit(
-            AssistantMessage(
-                step=step, text=text, token_ids=token_ids, logprobs=logprobs, output_tokens=used, finish_reason=finish
-            )
-        )
-        self.conversation.append(Message("assistant", text))
-        self._message_emitted = True
-        outcomes = await executor.results()
-        self._executor = None
+                stopped = True
+            finally:
+                await _aclose(stream)
+            if not stopped:
+                try:
+                    for ev in parser.finish():
+                        await self._on_parse(state, ev)
+                except _StopStream:
+                    pass
+            finish_override = None
+        except PolicyError:
+            finish_override = "error"
+            raise
+        finally:
+            # Shielded: a second cancellation (an interrupt during a timeout's
+            # clean-up) must not lose the message; the emit lock keeps order.
+            await asyncio.shield(self._record_message(state, finish_override))
+        outcomes = await state.executor.results()
+        self._current = None
         if outcomes:
             self.conversation.append(Message("tool", render_results([(o.name, o.call.index, o.result) for o in outcomes])))
         if limit is not None:
             raise limit
         if not outcomes:
-            self._final = "".join(self._visible)
-            if finish == "length":
+            self._final = "".join(state.visible)
+            if state.finish == "length":
                 raise _LimitHit("max_tokens", "the model stopped at its output-token limit")
         return bool(outcomes)
 
-    async def _on_parse(self, step: int, ev: ParseEvent, executor: Executor) -> None:
+    async def _record_message(self, state: _StepState, finish_override: str | None) -> None:
+        """Record the step's model output: the conversation and the event, once."""
+        if state.recorded:
+            return
+        state.recorded = True
+        used = state.tokens
+        self._tokens += used
+        self.conversation.append(Message("assistant", state.text))
+        await self.emit(
+            AssistantMessage(
+                step=state.step, text=state.text, token_ids=list(state.token_ids), logprobs=list(state.logprobs),
+                output_tokens=used, finish_reason=finish_override or state.finish,
+            )
+        )
+
+    async def _on_parse(self, state: _StepState, ev: ParseEvent) -> None:
+        step, executor = state.step, state.executor
         if isinstance(ev, TextDelta):
-            self._visible.append(ev.text)
+            state.visible.append(ev.text)
             await self.emit(AssistantDelta(step=step, text=ev.text))
         elif isinstance(ev, CallOpened):
-            self._open_names[ev.index] = ev.name
+            state.open_names[ev.index] = ev.name
         elif isinstance(ev, ParamDelta):
-            name = self._open_names.get(ev.index, "")
+            name = state.open_names.get(ev.index, "")
             await self.emit(ToolCallDelta(step=step, index=ev.index, name=name, param=ev.param, text=ev.text))
         elif isinstance(ev, ParsedCall | MalformedCall):
             call_id = f"t{self._turn}s{step}c{ev.index}"
@@ -327,24 +378,20 @@ class Session:
             )
 
     async def _abort_tools(self, why: str) -> None:
-        """Cancel running tools and record (as events too) what the model had
-        said and done, so the log rebuilds exactly this conversation."""
-        executor = self._executor
-        self._executor = None
-        if executor is None:
+        """Cancel the running step's tools and record (as events too) a
+        cancelled result for each call that had not finished, so the log
+        rebuilds exactly this conversation. The step's own message was
+        already recorded by :meth:`_step`."""
+        state = self._current
+        self._current = None
+        if state is None:
             return
-        await executor.cancel()
-        step = self._steps
-        if not self._message_emitted:
-            text = "".join(self._text_parts)
-            await self.emit(AssistantMessage(step=step, text=text, output_tokens=_count(len(text), [], None),
-                                             finish_reason="aborted"))
-            self.conversation.append(Message("assistant", text))
-        settled = executor.settled(f"cancelled: {why}")
+        await state.executor.cancel()
+        settled = state.executor.settled(f"cancelled: {why}")
         for call, result, finished in settled:
             if not finished:
-                await self.emit(ToolResultEvent(step=step, index=call.index, call_id=call.call_id, name=call.name,
-                                                ok=False, output=result.output))
+                await self.emit(ToolResultEvent(step=state.step, index=call.index, call_id=call.call_id,
+                                                name=call.name, ok=False, output=result.output))
         if settled:
             self.conversation.append(
                 Message("tool", render_results([(c.name, c.index, r) for c, r, _ in settled]))
