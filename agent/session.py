@@ -23,7 +23,7 @@ import math
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from agent.calls import CallRejected, ToolCall, render_results, validate_call
 from agent.events import (
@@ -44,8 +44,11 @@ from agent.events import (
 from agent.executor import CallOutcome, Executor
 from agent.parser import CallOpened, MalformedCall, ParamDelta, ParsedCall, ParseEvent, StreamParser, TextDelta
 from agent.policy import Policy, PolicyChunk, PolicyError
-from agent.prompt import DEFAULT_SYSTEM_PROMPT, Message, render_prompt
+from agent.prompt import DEFAULT_PROFILE, Message, PromptProfile, render_prompt
 from tools.base import Tool, ToolContext
+
+if TYPE_CHECKING:
+    from tools.protocols import Sandbox, SearchIndex, Workspace
 
 log = logging.getLogger(__name__)
 
@@ -112,33 +115,42 @@ class _LimitHit(Exception):
 
 
 class Session:
-    """A stateful conversation with a workspace. One turn at a time."""
+    """A stateful conversation with a workspace. One turn at a time.
+
+    Drivers build sessions with :func:`agent.runtime.build_session` (which
+    picks the tool set and prompt profile from the parts); constructing one
+    directly is for tests of the loop itself. ``policy`` and ``limits`` are the
+    session's defaults; a turn may use others (``run_turn(policy=, limits=)``),
+    and neither can be reassigned.
+    """
 
     def __init__(
         self,
         *,
-        workspace: Any,
+        workspace: Workspace,
         policy: Policy,
         tools: Sequence[Tool],
         sink: EventSink | None = None,
-        sandbox: Any = None,
+        sandbox: Sandbox | None = None,
         limits: Limits = Limits(),
         session_id: str | None = None,
-        base_system: str = DEFAULT_SYSTEM_PROMPT,
+        profile: PromptProfile = DEFAULT_PROFILE,
         conversation: Sequence[Message] = (),
         next_seq: int = 1,
         turns_done: int = 0,
-        search_index: Any = None,
+        search_index: SearchIndex | None = None,
     ):
         self.session_id = session_id or uuid.uuid4().hex
         self.workspace = workspace
-        self.policy = policy
+        self._policy = policy
+        self._turn_policy: Policy | None = None
         self.tools = {t.spec.name: t for t in tools}
         self.specs = [t.spec for t in tools]
         self.sink: EventSink = sink if sink is not None else ListSink()
         self.ctx = ToolContext(workspace=workspace, sandbox=sandbox, search_index=search_index)
-        self.limits = limits
-        self.base_system = base_system
+        self._limits = limits
+        self._turn_limits: Limits | None = None
+        self.profile = profile
         self.conversation: list[Message] = list(conversation)
         self._seq = next_seq - 1
         self._turn = turns_done
@@ -148,16 +160,21 @@ class Session:
 
     # -- driving -------------------------------------------------------------
 
-    async def run_turn(self, text: str | None) -> TurnOutcome:
+    async def run_turn(
+        self, text: str | None, *, policy: Policy | None = None, limits: Limits | None = None
+    ) -> TurnOutcome:
         """Run one user turn to its end. Raises only if the sink fails, or
         CancelledError if the *caller* is cancelled (the turn is then still
         closed with a ``turn_end`` event first).
 
         ``text=None`` continues from the conversation as it is (a branch taken
-        after a step's tool results) without a new user message.
+        after a step's tool results) without a new user message. ``policy`` and
+        ``limits`` apply to this turn only (None: the session's defaults); the
+        session does not close a per-turn policy, its caller does.
         """
         if self._task is not None:
             raise RuntimeError("a turn is already running in this session")
+        self._turn_policy, self._turn_limits = policy, limits
         self._turn += 1
         self._interrupted = False
         self._stop_reason = "interrupted"
@@ -172,6 +189,17 @@ class Session:
             raise
         finally:
             self._task = None
+            self._turn_policy = self._turn_limits = None
+
+    @property
+    def policy(self) -> Policy:
+        """The running turn's policy, else the session's default (read-only)."""
+        return self._turn_policy if self._turn_policy is not None else self._policy
+
+    @property
+    def limits(self) -> Limits:
+        """The running turn's limits, else the session's default (read-only)."""
+        return self._turn_limits if self._turn_limits is not None else self._limits
 
     def interrupt(self, *, reason: Literal["interrupted", "shutdown"] = "interrupted") -> bool:
         """Stop the running turn: tools are cancelled, the turn ends with ``reason``
@@ -267,7 +295,7 @@ class Session:
         normally (raw text, token ids and logprobs streamed so far), only its
         ``finish_reason`` differs (``aborted`` or ``error``).
         """
-        prompt = render_prompt(self.conversation, self.specs, base_system=self.base_system)
+        prompt = render_prompt(self.conversation, self.specs, profile=self.profile)
         parser = StreamParser()
         state = _StepState(step, Executor(self.tools, self.ctx, on_result=lambda o: self._on_result(step, o)))
         self._current = state

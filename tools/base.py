@@ -19,9 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
-    from embeddings.index import WorkspaceIndex
-    from tools.sandbox import Sandbox
-    from tools.workspace import Workspace
+    from tools.protocols import Sandbox, SearchIndex, Workspace
 
 
 class ParamType(enum.StrEnum):
@@ -134,9 +132,9 @@ class ToolContext:
     """What a running tool may touch: its workspace, the sandbox, and (optionally)
     the workspace's search index, which the executor tells about every edit."""
 
-    workspace: Workspace
+    workspace: Workspace  # tools.protocols.Workspace: any implementation, not only tools.workspace's
     sandbox: Sandbox | None = None
-    search_index: WorkspaceIndex | None = None
+    search_index: SearchIndex | None = None
 
     def after_call(self, resources: Resources, result: ToolResult) -> None:
         """Tell the search index what a finished call changed: its FileEdits, and
