@@ -23,12 +23,11 @@ from typing import Any
 from lxml import etree
 
 from agent.parser import MalformedCall, ParsedCall, encode_call
-from agent.schema import FALSE_VALUES, TRUE_VALUES, XML_SPACE, conforms
+from agent.schema import FALSE_VALUES, TRUE_VALUES, XML_SPACE, conforms, xml_safe
 from tools.base import ParamSpec, ParamType, ToolResult, ToolSpec
 
 _INT = re.compile(r"[+-]?[0-9]+")
 _LONG = range(-(2**63), 2**63)
-_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,11 +118,6 @@ def validate_call(
         )
         return CallRejected(parsed.index, call_id, parsed.name, message)
     return ToolCall(parsed.index, call_id, spec.name, args)
-
-
-def xml_safe(text: str) -> str:
-    """Replace characters that XML 1.0 cannot carry with U+FFFD."""
-    return _XML_INVALID.sub("\ufffd", text)
 
 
 def result_element(name: str | None, index: int, result: ToolResult) -> etree._Element:

@@ -21,6 +21,7 @@ from tools.base import ParamType, ToolSpec
 RNG_NS = "http://relaxng.org/ns/structure/1.0"
 XSD_TYPES = "http://www.w3.org/2001/XMLSchema-datatypes"
 _XML_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 XML_SPACE = " \t\n\r"  # what XSD's whitespace "collapse" removes around a value
 TRUE_WORDS = ("true", "yes", "on", "1")
 FALSE_WORDS = ("false", "no", "off", "0")
@@ -29,6 +30,13 @@ FALSE_WORDS = ("false", "no", "off", "0")
 def boolean_spellings(words: tuple[str, ...]) -> frozenset[str]:
     """Accepted spellings: lower, Capitalised and UPPER case of each word."""
     return frozenset(v for w in words for v in (w, w.capitalize(), w.upper()))
+
+
+def xml_safe(text: str) -> str:
+    """Replace characters that XML 1.0 cannot carry (NUL, most C0 controls, lone surrogates,
+    U+FFFE/U+FFFF) with U+FFFD. Both directions use it: calls built for validation here, and
+    results serialised for the model in ``agent.calls``."""
+    return _XML_INVALID.sub("\ufffd", text)
 
 
 TRUE_VALUES = boolean_spellings(TRUE_WORDS)
@@ -81,8 +89,6 @@ def call_element(name: str, params: tuple[tuple[str, str], ...]) -> etree._Eleme
     accepts. Characters XML cannot carry become U+FFFD, for validation only:
     the tool receives the original text.
     """
-    from agent.calls import xml_safe
-
     el = etree.Element("tool_call")
     el.set("name", xml_safe(name))
     for key, value in params:

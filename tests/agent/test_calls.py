@@ -96,3 +96,17 @@ def test_grammars_compile_for_every_builtin_tool() -> None:
         assert grammar_element(tool.spec).get("name") == "tool_call"
         ok, message = conforms(tool.spec, ())
         assert ok == (not any(p.required for p in tool.spec.params)), message
+
+
+def test_schema_does_not_depend_on_calls() -> None:
+    """The dependency is one-way (calls -> schema): building a call for validation, control
+    characters included, never imports agent.calls (it used to, from inside call_element)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom agent.schema import call_element\n"
+            "el = call_element('t\\x00', (('p', 'a\\x01b'),))\n"
+            "assert el.get('name') == 't\\ufffd' and el[0].text == 'a\\ufffdb', (el.get('name'), el[0].text)\n"
+            "assert 'agent.calls' not in sys.modules, 'agent.schema imported agent.calls'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
