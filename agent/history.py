@@ -6,17 +6,35 @@ the live ``Session`` held, because the session records every message it adds
 (including partial output and cancelled calls of an interrupted step) as
 events.
 
-Not guaranteed: a step cut off by a crash before its ``assistant_message``
-was recorded is left out (the model's partial output is lost with it).
+A turn the log left open (the server was killed mid-turn) is closed by
+:func:`closing_events`: the events the session would have written had it
+stopped cleanly, rebuilt from what was persisted.
+
+Not guaranteed: the partial ``assistant_message`` that recovery rebuilds for a
+step cut off by a crash is the model's visible text and its tool calls
+re-encoded canonically (``encode_call``) from the persisted deltas, not its
+raw bytes; a call whose closing tag never arrived is left out (it never ran).
+Its token ids and logprobs are lost with the process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from agent.calls import render_results
-from agent.events import AssistantMessage, Event, ToolResultEvent, UserMessage
+from agent.events import (
+    AssistantDelta,
+    AssistantMessage,
+    Event,
+    ToolCallDelta,
+    ToolCallStarted,
+    ToolResultEvent,
+    TurnEnd,
+    UserMessage,
+)
+from agent.parser import encode_call
 from agent.prompt import Message
 from tools.base import ToolResult
 
@@ -64,3 +82,70 @@ def history_from_events(events: Iterable[Event]) -> History:
             conversation.append(Message("tool", render_results(rendered)))
     h.conversation = conversation
     return h
+
+
+CRASH_CANCELLED = (
+    "cancelled: the server stopped while this call was running; it may or may not have taken effect "
+    "(check the workspace before repeating it)"
+)
+
+
+def closing_events(events: Sequence[Event], *, detail: str = "the server stopped during this turn") -> list[Event]:
+    """What closes a turn the log left open, as the session would have closed it.
+
+    For the log's last turn, when it has no ``turn_end``: an aborted
+    ``assistant_message`` for each step that streamed but has none (rebuilt
+    from its deltas), a cancelled ``tool_result`` for every started call with
+    no result, and a ``turn_end`` (reason ``shutdown``) with the true step
+    count and output tokens. Seqs continue the log's. Empty when the last
+    turn is closed.
+    """
+    if not events or isinstance(events[-1], TurnEnd):
+        return []
+    last = events[-1]
+    turn = [e for e in events if e.turn == last.turn]
+    recorded = {e.step for e in turn if isinstance(e, AssistantMessage)}
+    streamed = {e.step for e in turn if isinstance(e, AssistantDelta | ToolCallDelta | ToolCallStarted
+                                                  | ToolResultEvent | AssistantMessage)}
+    out: list[Event] = []
+    for step in sorted(streamed - recorded):
+        text = _partial_text([e for e in turn if getattr(e, "step", None) == step])
+        out.append(AssistantMessage(step=step, text=text, output_tokens=math.ceil(len(text) / 4),
+                                    finish_reason="aborted"))
+    answered = {e.call_id for e in turn if isinstance(e, ToolResultEvent)}
+    for e in turn:
+        if isinstance(e, ToolCallStarted) and e.call_id not in answered:
+            out.append(ToolResultEvent(step=e.step, index=e.index, call_id=e.call_id, name=e.name, ok=False,
+                                       output=CRASH_CANCELLED))
+    messages = [e for e in turn if isinstance(e, AssistantMessage)] + [e for e in out if isinstance(e, AssistantMessage)]
+    out.append(TurnEnd(reason="shutdown", steps=max(streamed, default=0),
+                       output_tokens=sum(m.output_tokens for m in messages), detail=detail))
+    return [e.model_copy(update={"seq": last.seq + i, "session_id": last.session_id, "turn": last.turn})
+            for i, e in enumerate(out, start=1)]
+
+
+def _partial_text(step_events: Sequence[Event]) -> str:
+    """A step's model output from its persisted deltas: visible text in order,
+    each call re-encoded where it began; calls never closed are dropped."""
+    pieces: list[str] = []
+    where: dict[int, int] = {}  # call index -> its slot in pieces
+    params: dict[int, dict[str, str]] = {}
+    names: dict[int, str | None] = {}
+    started: set[int] = set()
+    for e in step_events:
+        if isinstance(e, AssistantDelta):
+            pieces.append(e.text)
+        elif isinstance(e, ToolCallDelta | ToolCallStarted):
+            if e.index not in where:
+                where[e.index] = len(pieces)
+                pieces.append("")
+            names[e.index] = e.name or names.get(e.index)
+            if isinstance(e, ToolCallDelta):
+                body = params.setdefault(e.index, {})
+                body[e.param] = body.get(e.param, "") + e.text
+            else:
+                started.add(e.index)
+    for index, slot in where.items():
+        if index in started:
+            pieces[slot] = encode_call(names.get(index) or "", params.get(index, {}))
+    return "".join(pieces)

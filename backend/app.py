@@ -53,7 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         recovered = await hub.recover()
         if recovered:
-            log.warning("marked %d turn(s) interrupted by the last shutdown", recovered)
+            log.warning("closed %d turn(s) left open by the last shutdown", recovered)
         app.state.flywheel = AppState(settings=settings, log=session_log, hub=hub, store=store)
         try:
             yield

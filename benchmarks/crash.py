@@ -15,7 +15,14 @@ for every session:
   ``mismatched`` must be 0;
 * the log's seqs are 1..N without gaps or duplicates;
 * the interrupted turn was closed with a ``turn_end`` of reason
-  ``interrupted`` (the log's last event), after everything the client saw;
+  ``shutdown`` (the log's last event), after everything the client saw;
+* it was closed faithfully: every step that streamed has an
+  ``assistant_message``, every started call a ``tool_result``, and
+  ``turn_end.steps`` is the true step count;
+* the conversation the model sees next (rebuilt from the log, as the server
+  does) matches the workspace: every ``notes/roundN.txt`` that a tool step's
+  ``write_file`` left in the workspace is in an assistant message with a
+  result after it, so the model will not redo (or be surprised by) it;
 * a new user message resumes the session: its turn streams from the next seq
   and ends ``completed``.
 
@@ -41,6 +48,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from _common import write_result
+from agent.events import AssistantMessage, ToolCallStarted, ToolResultEvent, TurnEnd, event_from_json
+from agent.history import history_from_events
+from agent.parser import encode_call
 from _server import Server, ServerError, acreate_session, afetch_events, final_step, make_workspace, tool_step
 
 CHUNK_CHARS = 4
@@ -49,11 +59,43 @@ TOOL_STEPS = 5
 
 
 def script() -> list[str]:
-    """Turn 1 is ``TOOL_STEPS`` tool steps and a final answer (long enough that
-    no session finishes before the kill). The resumed turn replays from the
-    first output the log has no ``assistant_message`` for, so spare final
-    answers guarantee it ends whatever step the kill hit."""
-    return [tool_step(i) for i in range(TOOL_STEPS)] + [final_step(i) for i in range(TOOL_STEPS + 1)]
+    """Turn 1 is ``TOOL_STEPS`` tool steps (three reads and a write each) and a
+    final answer (long enough that no session finishes before the kill). The
+    resumed turn replays from the first output the log has no
+    ``assistant_message`` for, so spare final answers guarantee it ends
+    whatever step the kill hit."""
+    return [tool_step(i) + encode_call("write_file", {"path": note(i), "content": f"round {i}\n"}) + "\n"
+            for i in range(TOOL_STEPS)] + [final_step(i) for i in range(TOOL_STEPS + 1)]
+
+
+def note(i: int) -> str:
+    return f"notes/round{i}.txt"
+
+
+def closed_faithfully(log: list[dict[str, Any]], tree: Path) -> list[str]:
+    """What is wrong with how turn 1 was closed (empty: nothing)."""
+    events = [event_from_json(json.dumps(e)) for e in log]
+    turn = [e for e in events if e.turn == 1]
+    wrong: list[str] = []
+    steps = {e.step for e in turn if hasattr(e, "step")}
+    messages = {e.step: e for e in turn if isinstance(e, AssistantMessage)}
+    if steps - set(messages):
+        wrong.append(f"steps without assistant_message: {sorted(steps - set(messages))}")
+    answered = {e.call_id for e in turn if isinstance(e, ToolResultEvent)}
+    unanswered = [e.call_id for e in turn if isinstance(e, ToolCallStarted) and e.call_id not in answered]
+    if unanswered:
+        wrong.append(f"calls without tool_result: {unanswered}")
+    end = turn[-1] if turn else None
+    if not isinstance(end, TurnEnd) or end.steps != max(steps, default=0):
+        wrong.append(f"turn_end steps {getattr(end, 'steps', None)} != {max(steps, default=0)}")
+    conversation = history_from_events(events).conversation
+    for i in range(TOOL_STEPS):
+        if not (tree / note(i)).exists():
+            continue
+        at = [k for k, m in enumerate(conversation) if m.role == "assistant" and note(i) in m.content]
+        if not at or at[0] + 1 >= len(conversation) or conversation[at[0] + 1].role != "tool":
+            wrong.append(f"{note(i)} is in the workspace but not in the model's next prompt with a result")
+    return wrong
 
 
 class Client:
@@ -179,11 +221,12 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             except ServerError:  # the port was taken in the meantime: any port will do
                 restarted = Server(data, workspace, tmp / "logs", name="server3").start()
             restart_s = time.perf_counter() - t_restart
-            m = re.search(r"marked (\d+) turn\(s\) interrupted", restarted.tail(100_000))
+            m = re.search(r"closed (\d+) turn\(s\) left open", restarted.tail(100_000))
             recovered = int(m.group(1)) if m else None
 
             logs = await asyncio.gather(*(afetch_events(http, restarted, c.sid) for c in clients))
-            checked = lost = mismatched = interrupted_ok = 0
+            checked = lost = mismatched = interrupted_ok = faithful = 0
+            infos_now = {i["id"]: i for i in infos}
             committed_not_delivered = 0
             resume_after: dict[str, int] = {}
             for c, log in zip(clients, logs, strict=True):
@@ -206,12 +249,17 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 end = log[-1] if log else {}
                 if c.turn_ended:
                     problem("turn_finished_before_kill", c.sid)
-                elif (end.get("type") == "turn_end" and end.get("reason") == "interrupted"
+                elif (end.get("type") == "turn_end" and end.get("reason") == "shutdown"
                       and end.get("turn") == 1 and end["seq"] > client_last
                       and not any(e["type"] == "turn_end" for e in log[:-1])):
                     interrupted_ok += 1
                 else:
                     problem("not_marked_interrupted", f"{c.sid}: last event {end}")
+                tree = data / "workspaces" / "ws" / infos_now[c.sid]["workspace_id"] / "tree"
+                wrong = closed_faithfully(log, tree) if tree.is_dir() else [f"no workspace tree at {tree}"]
+                faithful += not wrong
+                for w in wrong:
+                    problem("not_closed_faithfully", f"{c.sid}: {w}")
                 resume_after[c.sid] = seqs[-1] if seqs else 0
 
             t_resume = time.perf_counter()
@@ -243,7 +291,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     n = args.sessions
     return {
         "sessions": n,
-        "policy": {"chunk_chars": CHUNK_CHARS, "delay_s": DELAY_S, "turn": f"{TOOL_STEPS} steps x 3 parallel tool calls + answer"},
+        "policy": {"chunk_chars": CHUNK_CHARS, "delay_s": DELAY_S, "turn": f"{TOOL_STEPS} steps x (3 parallel reads + 1 write) + answer"},
         "mid_turn_at_kill": mid_turn,
         "kill_after_s": round(t_kill - t_go, 3),
         "sessions_by_step_at_kill": {str(k): v for k, v in sorted(step_at_kill.items())},
@@ -256,6 +304,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "restart_s": round(restart_s, 3),
         "turns_marked_interrupted_by_server": recovered,
         "interrupted_marked_ok": interrupted_ok,
+        "closed_faithfully": faithful,
         "resumed_ok": resumed_ok,
         "resumed_events": resumed_events,
         "resume_s": round(resume_s, 3),
@@ -265,7 +314,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "compared": "each client-received event (parsed JSON) against GET /v1/sessions/{id}/events, field by field",
         "database": "sqlite (WAL) in a temporary data dir",
         "pass": (lost == 0 and mismatched == 0 and not problems and mid_turn == n and interrupted_ok == n
-                 and resumed_ok == n),
+                 and faithful == n and resumed_ok == n),
     }
 
 
