@@ -237,7 +237,7 @@ def _add_embeddings(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=int, default=0)
 
     def run(args: argparse.Namespace) -> int:
-        from embeddings.finetune import run_cli
+        from backend.embeddings_train import run_cli
 
         return run_cli(args)
 

@@ -1,4 +1,8 @@
-"""Fine-tune the embedder on (query, chunk) pairs from trajectories, and keep it only if it wins.
+"""Fine-tune the embedder on (query, chunk) pairs, and keep it only if it wins.
+
+The pairs are plain data (:class:`embeddings.pairs.Pair`); this module never reads
+sessions. ``flywheel embeddings train`` (``backend/embeddings_train.py``) extracts
+them from recorded sessions and calls :func:`train_and_select`.
 
 1. Split the pairs by repository (``Pair.repo``): whole repositories are held
    out, so the evaluation asks "does it generalise to code it was not trained
@@ -29,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from embeddings.trajectories import Pair
+from embeddings.pairs import Pair
 
 KS = (1, 5, 10)
 
@@ -177,57 +181,3 @@ def train_and_select(pairs: Sequence[Pair], out_dir: str | Path, *, base_model: 
     }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-# -- `flywheel embeddings train` -----------------------------------------------------------------------
-
-
-def collect_pairs(args: Any) -> tuple[list[Pair], str]:
-    from embeddings import trajectories as tj
-
-    if args.sessions:
-        from sqlalchemy import create_engine
-
-        from backend.db.log import SessionLog
-
-        log = SessionLog(create_engine(args.sessions))
-        return tj.pairs_from_log(log), f"recorded sessions in {args.sessions.split('@')[-1]}"
-    if args.events:
-        return (tj.pairs_from_jsonl(args.events, workspace_root=args.workspace_root),
-                f"events from {args.events}")
-    if args.synthetic:
-        import importlib.util
-
-        pairs: list[Pair] = []
-        for name in args.synthetic.split(","):
-            spec = importlib.util.find_spec(name)
-            if spec is None or not spec.submodule_search_locations:
-                raise SystemExit(f"flywheel embeddings train: package {name!r} is not installed")
-            pairs += tj.synthetic_pairs(list(spec.submodule_search_locations)[0], repo=name,
-                                        max_sessions=args.max_pairs_per_repo)
-        return pairs, (f"SYNTHETIC trajectories (docstring first sentence -> function with its docstring "
-                       f"removed) from installed packages {args.synthetic}; not recorded sessions")
-    raise SystemExit("flywheel embeddings train: give --sessions DB_URL, --events FILE.jsonl or --synthetic PKGS")
-
-
-def run_cli(args: Any) -> int:
-    pairs, note = collect_pairs(args)
-    print(f"{len(pairs)} pairs from {len({p.repo for p in pairs})} repositories ({note})", flush=True)
-    if args.pairs_out:
-        from embeddings.trajectories import write_pairs
-
-        write_pairs(pairs, args.pairs_out)
-    try:
-        report = train_and_select(
-            pairs, args.out, base_model=args.base_model, epochs=args.epochs, batch_size=args.batch_size,
-            learning_rate=args.lr, max_steps=args.max_steps, seed=args.seed, min_gain=args.min_gain,
-            held_out=args.held_out.split(",") if args.held_out else None, data_note=note,
-        )
-    except ValueError as exc:
-        print(f"flywheel embeddings train: {exc}")
-        return 1
-    b, t = report["base"], report["fine_tuned"]
-    print(f"held-out ({', '.join(report['pairs']['test_repos'])}): base MRR@10 {b.get('mrr@10')}, "
-          f"fine-tuned {t.get('mrr@10')} -> using {report['decision']}: {report['selected_model']}")
-    print(f"report: {Path(args.out) / 'report.json'}")
-    return 0

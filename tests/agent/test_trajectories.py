@@ -1,4 +1,8 @@
-"""(query, chunk) pair extraction from synthetic event streams."""
+"""Reading recorded event streams: what the agent read or edited, for which query.
+
+Most checks look at the pairs the whole chain makes (agent.trajectories -> embeddings.pairs, joined
+by backend.embeddings_train as `flywheel embeddings train` does), because that is what the events mean
+for training; a few look at the Evidence itself."""
 
 from __future__ import annotations
 
@@ -6,17 +10,13 @@ import json
 from pathlib import Path
 
 from agent.events import FileEditEvent, ToolCallStarted, ToolResultEvent, UserMessage
-from embeddings.trajectories import (
-    Pair,
-    apply_unified_diff,
-    grep_query,
-    pairs_from_events,
-    pairs_from_jsonl,
-    read_pairs,
-    synthetic_pairs,
-    write_pairs,
-)
+from agent.trajectories import SEARCH_TOOLS, Evidence, apply_unified_diff, evidence_from_events, grep_query
+from backend.embeddings_train import pairs_from_events, pairs_from_jsonl, synthetic_pairs
+from embeddings.pairs import Pair, read_pairs, write_pairs
 from embeddings.types import Chunk
+from tools.grep import Grep
+from tools.read_file import ReadFile
+from tools.semantic_search import SemanticSearch
 from tools.diffs import unified_diff  # noqa: F401  (imported to make sure our diffs are the runtime's)
 
 SRC = '''import os
@@ -191,7 +191,7 @@ def test_pairs_from_a_real_session_log(tmp_path: Path) -> None:
     from agent.parser import encode_call as call
     from backend.db.engine import make_engine
     from backend.db.log import SessionLog
-    from embeddings.trajectories import pairs_from_log
+    from backend.embeddings_train import pairs_from_log
     from tests.backend.conftest import make_api
     from tests.backend.test_sessions_api import wait_turn_end
 
@@ -214,3 +214,19 @@ def test_pairs_from_a_real_session_log(tmp_path: Path) -> None:
     assert {p.query for p in pairs} == {"add() subtracts instead of adding"}
     assert {p.evidence for p in pairs} >= {"edit"} and all(p.chunk.symbol == "add" for p in pairs)
     assert all(p.session_id == s["id"] for p in pairs)
+
+
+def test_tool_and_parameter_names_come_from_the_tool_specs() -> None:
+    assert SEARCH_TOOLS == {SemanticSearch.spec.name: "query", Grep.spec.name: "pattern"}
+    for spec, param in ((SemanticSearch.spec, "query"), (Grep.spec, "pattern"), (ReadFile.spec, "start_line")):
+        assert spec.param(param) is not None
+
+
+def test_evidence_carries_the_file_text_at_the_time_and_both_queries() -> None:
+    events = [UserMessage(seq=1, session_id="s", text="saving"),
+              ToolCallStarted(seq=2, session_id="s", step=1, index=0, call_id="ss", name="semantic_search",
+                              args={"query": "write  config"})]
+    events += read_events("s", "c1", "net.py", SRC, 20, 22, 3)
+    (ev,) = evidence_from_events(events, file_text={"net.py": SRC}.get)
+    assert ev == Evidence((("saving", "user"), ("write config", "semantic_search")), "s", "read", "net.py",
+                          (20, 21, 22), SRC, "\n".join(SRC.splitlines()[19:22]), 20, 22)
