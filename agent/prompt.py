@@ -5,15 +5,22 @@
 * ``messages`` — chat messages for OpenAI-compatible servers (tool results are
   sent as ``user`` messages, since the XML format carries no tool-call ids);
 * ``text`` — the same conversation flattened with :data:`CHAT_TEMPLATE`'s
-  role markers, for local models that tokenise text themselves.
+  role markers (:func:`flatten`, also what ``flywheel policy serve`` applies
+  to chat messages), for local models that tokenise text themselves.
 
-The tool descriptions come from the same :class:`tools.base.ToolSpec` objects
-the validator uses. Rendering is deterministic: same conversation and tools,
-same bytes.
+How much the system prompt says is a :class:`PromptProfile`: ``default``
+(full tool descriptions, ~1,700 tokens with the tiny tokenizer and the
+default tools) or ``compact`` (one line per tool, for models with a short
+context; see :data:`COMPACT_PROFILE`). Both are generated from the same
+:class:`tools.base.ToolSpec` objects the validator uses. Rendering is
+deterministic: same conversation, tools and profile, same bytes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,6 +50,18 @@ contain it, wrap the value in <![CDATA[ ... ]]>. Several calls in one answer run
 parallel; their results come back in the same order, in <tool_result> elements. \
 After the calls, stop and wait for the results."""
 
+COMPACT_SYSTEM_PROMPT = """\
+You are Flywheel, a coding agent. Use tools to inspect and change the workspace; \
+answer without a tool call when done."""
+
+COMPACT_FORMAT_INSTRUCTIONS = """\
+Call tools with XML; values are raw text, results come back in <tool_result>:
+<tool_call name="TOOL">
+<param name="PARAM">value</param>
+</tool_call>"""
+
+ToolDetail = Literal["full", "compact"]
+
 
 @dataclass(frozen=True, slots=True)
 class PromptProfile:
@@ -56,11 +75,26 @@ class PromptProfile:
 
     name: str = "default"
     system: str = DEFAULT_SYSTEM_PROMPT
-    tool_detail: Literal["full", "compact"] = "full"
+    tool_detail: ToolDetail = "full"
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of everything the profile itself puts in the prompt: its system
+        prompt, its tool detail and the calling instructions for that detail.
+
+        A checkpoint stores it, so a profile edited after training is detected
+        at load time. Not covered: the tools' own descriptions (``ToolSpec``),
+        which change with the tool set, not with the profile.
+        """
+        content = json.dumps([self.name, self.system, self.tool_detail, format_instructions(self.tool_detail)])
+        return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
 DEFAULT_PROFILE = PromptProfile()
-PROFILES: dict[str, PromptProfile] = {DEFAULT_PROFILE.name: DEFAULT_PROFILE}
+# For models whose context cannot hold the full tool descriptions (the tiny and
+# small presets): ~250 tokens of system prompt with the default tools.
+COMPACT_PROFILE = PromptProfile(name="compact", system=COMPACT_SYSTEM_PROMPT, tool_detail="compact")
+PROFILES: dict[str, PromptProfile] = {p.name: p for p in (DEFAULT_PROFILE, COMPACT_PROFILE)}
 
 
 def profile_named(name: str) -> PromptProfile:
@@ -90,6 +124,21 @@ class ChatTemplate:
     def marker(self, role: Role) -> str:
         return getattr(self, role)
 
+    @property
+    def special_tokens(self) -> tuple[str, ...]:
+        """Each marker without its newline: the tokenizer's special tokens, in
+        role order (system, user, assistant, tool) then the end marker."""
+        return tuple(self.marker(r).rstrip("\n") for r in ("system", "user", "assistant", "tool", "end"))  # type: ignore[arg-type]
+
+    @property
+    def turn_stops(self) -> tuple[str, ...]:
+        """Stop strings that end a generated turn. A message is rendered as
+        marker + content + ``"\n"`` + end marker, so a model ends its turn with
+        ``"\n<|end|>"``: cutting there returns exactly the content that
+        re-renders to what it generated; the bare end marker is the fallback."""
+        end = self.end.rstrip("\n")
+        return ("\n" + end, end)
+
 
 CHAT_TEMPLATE = ChatTemplate()
 
@@ -100,8 +149,19 @@ class RenderedPrompt:
     text: str = ""
 
 
-def describe_tools(specs: Sequence[ToolSpec]) -> str:
-    """Tool descriptions for the model, generated from the schemas."""
+def describe_tools(specs: Sequence[ToolSpec], detail: ToolDetail = "full") -> str:
+    """Tool descriptions for the model, generated from the schemas.
+
+    ``full``: each tool's whole description, every parameter with its type,
+    default and description, and an example call. ``compact``: one line per
+    tool — ``name(param: type, optional?: type=default): first sentence`` —
+    with ``string`` types left implicit; the model then relies on the
+    validator's error messages (which show the full form) for the details.
+    """
+    if detail == "compact":
+        return "\n".join(["# Tools", *(_compact_line(spec) for spec in specs)])
+    if detail != "full":
+        raise ValueError(f"unknown tool detail {detail!r}: choose full or compact")
     parts = ["# Tools"]
     for spec in specs:
         lines = [f"## {spec.name}", spec.description.strip(), "Parameters:"]
@@ -113,8 +173,42 @@ def describe_tools(specs: Sequence[ToolSpec]) -> str:
     return "\n\n".join(parts)
 
 
-def system_prompt(specs: Sequence[ToolSpec], base: str = DEFAULT_SYSTEM_PROMPT) -> str:
-    return "\n\n".join([base.strip(), FORMAT_INSTRUCTIONS, describe_tools(specs)])
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
+_PARENTHESIS = re.compile(r"\s*\([^()]*\)")
+
+
+def _compact_line(spec: ToolSpec) -> str:
+    params = []
+    for p in spec.params:
+        kind = "" if p.type.value == "string" else f": {p.type.value}"
+        if p.required:
+            params.append(f"{p.name}{kind}")
+        else:
+            default = "" if p.default is None else f"={p.default}"
+            params.append(f"{p.name}?{kind}{default}")
+    summary = _PARENTHESIS.sub("", _SENTENCE_END.split(spec.description.strip(), maxsplit=1)[0])
+    return f"- {spec.name}({', '.join(params)}): {summary}"
+
+
+def format_instructions(detail: ToolDetail = "full") -> str:
+    """How to call tools, as the system prompt says it for ``detail``."""
+    return COMPACT_FORMAT_INSTRUCTIONS if detail == "compact" else FORMAT_INSTRUCTIONS
+
+
+def system_prompt(specs: Sequence[ToolSpec], base: str = DEFAULT_SYSTEM_PROMPT, detail: ToolDetail = "full") -> str:
+    return "\n\n".join([base.strip(), format_instructions(detail), describe_tools(specs, detail)])
+
+
+def flatten(messages: Sequence[Message], template: ChatTemplate = CHAT_TEMPLATE) -> str:
+    """Messages → the flat text a local model reads: per message its role
+    marker, the content, a newline and the end marker; then the assistant
+    marker (the generation prompt). The one implementation of the template,
+    used by :func:`render_prompt` and by ``flywheel policy serve``."""
+    pieces: list[str] = []
+    for m in messages:
+        pieces += [template.marker(m.role), m.content, "\n", template.end]
+    pieces.append(template.assistant)
+    return "".join(pieces)
 
 
 def render_prompt(
@@ -129,11 +223,10 @@ def render_prompt(
 
     The text form ends with the assistant marker (generation prompt).
     ``base_system`` overrides the profile's system prompt (kept for callers
-    that predate profiles).
+    that predate profiles); the profile's tool detail still applies.
     """
-    system = system_prompt(specs, profile.system if base_system is None else base_system)
+    system = system_prompt(specs, profile.system if base_system is None else base_system, profile.tool_detail)
     messages = [{"role": "system", "content": system}]
-    pieces = [template.system, system, "\n", template.end]
     for m in conversation:
         chat_role = "user" if m.role == "tool" else m.role
         if messages[-1]["role"] == chat_role and chat_role != "system":
@@ -141,6 +234,5 @@ def render_prompt(
             messages[-1] = {"role": chat_role, "content": messages[-1]["content"] + "\n\n" + m.content}
         else:
             messages.append({"role": chat_role, "content": m.content})
-        pieces += [template.marker(m.role), m.content, "\n", template.end]
-    pieces.append(template.assistant)
-    return RenderedPrompt(messages=messages, text="".join(pieces))
+    text = flatten([Message("system", system), *conversation], template)
+    return RenderedPrompt(messages=messages, text=text)

@@ -2,12 +2,16 @@
 
 Routes (all under ``/v1``):
 
-* ``GET /models`` — the one served model.
-* ``POST /chat/completions`` — ``messages`` are flattened with the chat
-  template the runtime uses (:func:`render_messages`, the same markers as
-  ``agent.prompt.render_prompt``'s text form) and generation stops at the end
-  marker (the newline the template puts before it is not part of the content). Streaming (SSE, OpenAI's ``chat.completion.chunk`` format, with
-  ``stream_options.include_usage``) and non-streaming.
+* ``GET /models`` — the one served model, with ``max_model_len`` and
+  ``prompt_profile`` (``{"name", "fingerprint"}`` of the checkpoint's
+  :class:`agent.prompt.PromptProfile`; ``OpenAICompatPolicy`` in completions
+  mode reads it to render the prompt the model was trained with).
+* ``POST /chat/completions`` — ``messages`` are flattened by
+  ``agent.prompt.flatten``, the runtime's own template (:func:`render_messages`)
+  and generation stops at the end marker (the newline the template puts before
+  it is not part of the content). Streaming (SSE, OpenAI's
+  ``chat.completion.chunk`` format, with ``stream_options.include_usage``) and
+  non-streaming.
 * ``POST /completions`` — raw completion; ``prompt`` is text *or* a list of
   token ids (token-in). Streaming and non-streaming.
 
@@ -22,6 +26,12 @@ present (``logprobs`` need not be requested):
   ``agent.model.sampling.sample``), ``tokens`` (each id decoded alone) and
   ``top_logprobs: null`` (not computed). Streamed chunks carry the same
   fields for their own tokens.
+
+``max_tokens`` (default: as many as fit) is clamped to the room the prompt
+leaves in the model's context (unlike vLLM, which rejects such requests); a
+prompt that leaves no room is a 400 with code ``context_length_exceeded``.
+Generation never emits the template's markers as text (see
+``agent.model.engine``).
 
 Not supported: ``n > 1`` when streaming, ``echo``, ``best_of``, top
 logprobs, tools/function calling (the model writes XML tool calls as text).
@@ -45,11 +55,17 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from agent.policies.local import TURN_STOPS
-from agent.prompt import CHAT_TEMPLATE, ChatTemplate
+from agent.prompt import CHAT_TEMPLATE, DEFAULT_PROFILE, ChatTemplate, Message, PromptProfile, flatten
 
 
+class PolicyServerSettings(BaseSettings):
+    """Environment settings of ``flywheel policy serve`` (flags override them)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_POLICY_", extra="ignore")
+
+    api_key: str | None = None  # FLYWHEEL_POLICY_API_KEY: required off loopback
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error", code: str | None = None):
@@ -112,27 +128,23 @@ class CompletionRequest(_Body):
 
 
 def render_messages(messages: Sequence[tuple[str, str]], template: ChatTemplate = CHAT_TEMPLATE) -> str:
-    """Chat messages → the text the model sees, with the runtime's template.
-
-    Byte-identical to ``render_prompt(...).text`` for the same messages:
-    marker, content, newline, end marker per message, then the assistant
-    marker. (The runtime sends tool results as ``user`` messages, so over
+    """Chat messages → the text the model sees: ``agent.prompt.flatten``, the
+    function ``render_prompt`` uses, with OpenAI's ``developer`` role read as
+    ``system``. (The runtime sends tool results as ``user`` messages, so over
     HTTP they arrive with the user marker; see ``agent.prompt``.)
     """
-    pieces: list[str] = []
-    for role, content in messages:
-        role = "system" if role == "developer" else role
-        pieces += [template.marker(role), content, "\n", template.end]  # type: ignore[arg-type]
-    pieces.append(template.assistant)
-    return "".join(pieces)
+    return flatten([Message("system" if role == "developer" else role, content)  # type: ignore[arg-type]
+                    for role, content in messages], template)
 
 
 # -- the app -----------------------------------------------------------------------
 
 
-def create_app(engine: Any, *, model_id: str, api_key: str | None = None) -> FastAPI:
+def create_app(engine: Any, *, model_id: str, api_key: str | None = None,
+               prompt_profile: PromptProfile = DEFAULT_PROFILE) -> FastAPI:
     """The endpoint over a (not yet started) :class:`agent.model.engine.Engine`;
-    the app's lifespan starts and stops it."""
+    the app's lifespan starts and stops it. ``prompt_profile`` is published in
+    ``GET /v1/models`` (the checkpoint's; see ``agent.model.checkpoint.load_profile``)."""
     from agent.model.engine import EngineError, GenerationRequest, PromptTooLong
 
     tokenizer = engine.tokenizer
@@ -176,11 +188,10 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None) -> Fas
             seed=None if body.seed is None else body.seed + index,
         )
         try:
-            engine.check(req)
+            return engine.fit(req)  # max_tokens clamped to what the context leaves
         except EngineError as exc:
             code = "context_length_exceeded" if isinstance(exc, PromptTooLong) else None
             raise ApiError(400, str(exc), code=code) from None
-        return req
 
     def encode_prompt(prompt: str | list[int]) -> list[int]:
         return tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -189,6 +200,7 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None) -> Fas
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": model_id, "object": "model", "created": 0, "owned_by": "flywheel", "max_model_len": engine.max_len,
+            "prompt_profile": {"name": prompt_profile.name, "fingerprint": prompt_profile.fingerprint},
         }]}
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -196,7 +208,7 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None) -> Fas
         check_model(body.model)
         prompt_ids = tokenizer.encode(render_messages([(m.role, m.text()) for m in body.messages]))
         max_tokens = body.max_completion_tokens or body.max_tokens
-        reqs = [make_request(body, prompt_ids, max_tokens, [*TURN_STOPS, *body.stops()], i) for i in range(body.n)]
+        reqs = [make_request(body, prompt_ids, max_tokens, [*CHAT_TEMPLATE.turn_stops, *body.stops()], i) for i in range(body.n)]
         cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
         if body.stream:
             if body.n != 1:
@@ -316,23 +328,23 @@ def create_app_from_checkpoint(
     checkpoint: Path, *, model_id: str | None = None, max_slots: int = 32, device: str = "cpu",
     api_key: str | None = None,
 ) -> FastAPI:
-    from agent.model.checkpoint import load_checkpoint
+    from agent.model.checkpoint import load_checkpoint, load_profile
     from agent.model.engine import Engine
 
+    profile = load_profile(checkpoint)
     model, tokenizer = load_checkpoint(checkpoint, device=device)
     engine = Engine(model, tokenizer, max_slots=max_slots, device=device)
-    return create_app(engine, model_id=model_id or checkpoint.resolve().name, api_key=api_key)
+    return create_app(engine, model_id=model_id or checkpoint.resolve().name, api_key=api_key,
+                      prompt_profile=profile)
 
 
 def serve(args: argparse.Namespace) -> int:
     """``flywheel policy serve``: load the checkpoint, listen, print the base URL, serve until interrupted."""
-    import os
-
     import uvicorn
 
     from backend.net import bind_socket, is_loopback
 
-    api_key = args.api_key or os.environ.get("FLYWHEEL_POLICY_API_KEY") or None
+    api_key = args.api_key or PolicyServerSettings().api_key or None
     if not is_loopback(args.host) and not api_key:
         print(f"flywheel policy serve: refusing to serve on {args.host} without an API key "
               "(--api-key or FLYWHEEL_POLICY_API_KEY); loopback addresses need none", file=sys.stderr)

@@ -56,10 +56,18 @@ class ModelConfig:
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
         """``tiny`` (~1M params, CPU tests), ``small`` (~10M, CPU training),
-        ``1b`` (~1B total params, GPU)."""
+        ``1b`` (~1B total params, GPU).
+
+        Context (``max_seq_len``): tiny and small hold 1,024 tokens, enough for
+        the compact prompt profile's system prompt (~310 tokens with the
+        default tools) plus a few steps of conversation; the full profile
+        (~1,700 tokens) needs the 1b preset's 4,096. The context costs no
+        parameters (rotary positions) and no training time (windows are
+        ``--seq-len`` long); only the generation engine's KV cache grows.
+        """
         presets = {
             "tiny": cls(vocab_size=4096, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
-                        d_ff=128, max_seq_len=512),
+                        d_ff=128, max_seq_len=1024),
             "small": cls(vocab_size=8192, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, n_experts=8, top_k=2,
                          d_ff=512, max_seq_len=1024),
             "1b": cls(vocab_size=32768, d_model=1536, n_layers=16, n_heads=16, n_kv_heads=4, n_experts=16, top_k=2,

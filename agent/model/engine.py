@@ -24,10 +24,24 @@ id, its logprob, and whatever text became safe to show (see
 :class:`agent.model.sampling.TextStream`).
 
 What a sequence's ``token_ids``/``logprobs`` contain: every token sampled,
-including the one that ended it (``<|end|>``/``<|eos|>``, or the token that
+including the one that ended it (a special token, or the token that
 completed a stop sequence) — RL needs the logprob of stopping too. Its text
-contains neither end tokens nor stop text; a stop sequence may end with an end
-marker (``"\n<|end|>"``), which cuts the text where that stop begins.
+contains neither special tokens nor stop text; a stop sequence may end with an
+end marker (``"\n<|end|>"``), which cuts the text where that stop begins.
+
+Special tokens (``<|eos|>``, ``<|pad|>`` and every chat-template marker,
+``<|end|>``, ``<|user|>``, ``<|assistant|>``, ...) end a sequence: the model
+cannot write a role marker into its own message. They are *not* masked from
+sampling — the sampled distribution stays the model's own, so the logprobs
+RL trains on are exact — and a sampled marker other than ``<|end|>`` simply
+ends the turn (finish reason ``stop``). The markers' text is also a stop
+sequence of every request, so a model that spells ``<|user|>`` out of
+ordinary tokens is cut there too.
+
+Context: a sequence holds at most ``max_len`` tokens, prompt and output
+together. :meth:`Engine.fit` clamps a request's ``max_tokens`` to the room
+its prompt leaves; a prompt with no room at all is :class:`PromptTooLong`
+(never truncated).
 
 Logprobs are those of the model's distribution (unscaled logits), equal to
 ``model.logprobs(prompt + generated)`` for the same tokens; see
@@ -48,17 +62,18 @@ import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
 
 from agent.model.sampling import TextStream, sample
+from agent.model.tokenizer import SPECIAL_TOKENS
 
 log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length"]
-END_TOKENS = ("<|eos|>", "<|end|>")
+END_TOKENS = SPECIAL_TOKENS  # every special token ends a sequence (see the module docstring)
 
 
 class EngineError(Exception):
@@ -152,6 +167,8 @@ class Engine:
         self.cache = KVCache(self.cfg, max_slots, self.max_len, dtype=dtype, device=self.device)
         self._end_text = {i: t for t, i in ((t, _token_id(tokenizer, t)) for t in END_TOKENS) if i is not None}
         self.end_ids = frozenset(self._end_text)
+        # a marker spelled out of ordinary tokens decodes to the same text: stop there too
+        self._marker_stops = tuple(t for t in END_TOKENS if t not in ("<|pad|>", "<|eos|>"))
         self.stats = EngineStats()
         self.state = EngineState.NEW
         self._free = list(range(max_slots - 1, -1, -1))
@@ -217,7 +234,7 @@ class Engine:
         if self._task.get_loop() is not asyncio.get_running_loop():
             raise EngineError("the engine is running on another event loop")
         queue: asyncio.Queue[Any] = asyncio.Queue()
-        seq = _Sequence(request, TextStream(self.tokenizer.decode, request.stop), queue)
+        seq = _Sequence(request, TextStream(self.tokenizer.decode, [*request.stop, *self._marker_stops]), queue)
         self._waiting.append(seq)
         self._wake.set()
         try:
@@ -245,6 +262,20 @@ class Engine:
             lps += piece.logprobs
             finish = piece.finish_reason or finish
         return Completion("".join(text), ids, lps, finish, len(request.prompt_ids))
+
+    def room(self, prompt_tokens: int) -> int:
+        """How many tokens a prompt of ``prompt_tokens`` leaves for generation (may be <= 0)."""
+        return self.max_len - prompt_tokens
+
+    def fit(self, r: GenerationRequest) -> GenerationRequest:
+        """``r`` checked (:meth:`check`), its ``max_tokens`` clamped to :meth:`room`.
+
+        Without the clamp a request would still stop at the context's end
+        (finish reason ``length``); clamping says so up front, so callers can
+        report the limit they actually got."""
+        self.check(r)
+        room = self.room(len(r.prompt_ids))
+        return r if r.max_tokens <= room else replace(r, max_tokens=room)
 
     def check(self, r: GenerationRequest) -> None:
         """Raise :class:`EngineError` if the engine cannot serve ``r`` (also done by :meth:`generate`)."""

@@ -9,7 +9,8 @@ marker tokenises the same wherever it appears (also at the very end of a
 rendered prompt, or when a model writes ``<|end|>`` without a newline), the
 engine's stop token is the single id of ``<|end|>``, and ``decode(encode(s))``
 stays exact. ``<|eos|>`` separates documents in pretraining; ``<|pad|>``
-(id 0) is never trained on.
+(id 0) is never trained on. Generation never shows any of them as text: the
+engine ends a sequence at every special token (``agent.model.engine``).
 
 The tool-call format's tag openings and closings (``<tool_call``,
 ``</tool_call>``, ``<param``, ``</param>``, ``<tool_result``,
@@ -35,9 +36,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from agent.prompt import CHAT_TEMPLATE
 
-ROLE_TOKENS = tuple(CHAT_TEMPLATE.marker(r).rstrip("\n") for r in ("system", "user", "assistant", "tool")) + (
-    CHAT_TEMPLATE.end.rstrip("\n"),
-)
+ROLE_TOKENS = CHAT_TEMPLATE.special_tokens  # the role markers, then the end marker
 PAD, EOS = "<|pad|>", "<|eos|>"
 SPECIAL_TOKENS = (PAD, EOS, *ROLE_TOKENS)
 TOOL_TOKENS = ("<tool_call", "</tool_call>", "<param", "</param>", "<tool_result", "</tool_result>")

@@ -11,6 +11,12 @@ The engine's loop runs on the event loop of the ``stream`` calls: successive
 loops (``asyncio.run`` per batch of rollouts) are fine, two loops at once are
 not (:class:`PolicyError`). Logprobs are the model's (temperature-1)
 logprobs whatever ``temperature`` is; see :func:`agent.model.sampling.sample`.
+
+``prompt_profile`` is the checkpoint's :class:`agent.prompt.PromptProfile`
+(``agent.model.checkpoint.load_profile``); the session factory renders
+prompts with it. ``max_tokens`` is clamped to the room the prompt leaves in
+the model's context; a prompt that leaves none is a :class:`PolicyError`
+(the prompt is never truncated).
 """
 
 from __future__ import annotations
@@ -22,12 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.policy import PolicyChunk, PolicyError
-from agent.prompt import CHAT_TEMPLATE, RenderedPrompt
+from agent.prompt import CHAT_TEMPLATE, DEFAULT_PROFILE, PromptProfile, RenderedPrompt
 
-END_TEXT = CHAT_TEMPLATE.end.strip()  # "<|end|>": the turn ends there
-# The template writes a message as marker + content + "\n" + end marker, so a model ends its turn
-# with "\n<|end|>": cutting there returns exactly the content that re-renders to what it generated.
-TURN_STOPS = ("\n" + END_TEXT, END_TEXT)
+TURN_STOPS = CHAT_TEMPLATE.turn_stops  # kept as a name for importers; the one definition is the template's
 
 
 class LocalPolicy:
@@ -37,30 +40,34 @@ class LocalPolicy:
         self, checkpoint_dir: str | Path, *, temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 2048,
         max_slots: int = 32, device: str = "cpu", seed: int | None = None,
     ):
-        from agent.model.checkpoint import load_checkpoint
+        from agent.model.checkpoint import load_checkpoint, load_profile
 
         path = Path(checkpoint_dir)
         if not path.is_dir():
             raise PolicyError(f"local policy: no checkpoint directory at {path}")
         try:
+            profile = load_profile(path)
             model, tokenizer = load_checkpoint(path, device=device)
         except (OSError, ValueError) as exc:
             raise PolicyError(f"local policy: cannot load the checkpoint at {path}: {exc}") from exc
         from agent.model.engine import Engine
 
-        self._init(Engine(model, tokenizer, max_slots=max_slots, device=device), temperature, top_p, max_tokens, seed)
+        self._init(Engine(model, tokenizer, max_slots=max_slots, device=device), temperature, top_p, max_tokens, seed,
+                   profile)
 
     @classmethod
     def from_engine(
         cls, engine: Any, *, temperature: float = 1.0, top_p: float = 1.0, max_tokens: int = 2048,
-        seed: int | None = None,
+        seed: int | None = None, prompt_profile: PromptProfile = DEFAULT_PROFILE,
     ) -> LocalPolicy:
         """A policy over an existing engine (shared by several policies, or built in a test)."""
         self = cls.__new__(cls)
-        self._init(engine, temperature, top_p, max_tokens, seed)
+        self._init(engine, temperature, top_p, max_tokens, seed, prompt_profile)
         return self
 
-    def _init(self, engine: Any, temperature: float, top_p: float, max_tokens: int, seed: int | None) -> None:
+    def _init(self, engine: Any, temperature: float, top_p: float, max_tokens: int, seed: int | None,
+              prompt_profile: PromptProfile) -> None:
+        self.prompt_profile: PromptProfile = prompt_profile
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.temperature = temperature
@@ -70,7 +77,7 @@ class LocalPolicy:
         self._seeds = itertools.count(seed) if seed is not None else None
 
     async def stream(self, prompt: RenderedPrompt) -> AsyncIterator[PolicyChunk]:
-        from agent.model.engine import EngineError, GenerationRequest
+        from agent.model.engine import EngineError, GenerationRequest, PromptTooLong
 
         if not prompt.text:
             raise PolicyError("local policy: the rendered prompt has no text form")
@@ -81,6 +88,7 @@ class LocalPolicy:
         )
         produced = 0
         try:
+            request = self.engine.fit(request)  # max_tokens clamped to the context's room
             await self.engine.start()
             async with aclosing(self.engine.generate(request)) as pieces:
                 async for piece in pieces:
@@ -90,6 +98,11 @@ class LocalPolicy:
                         finish_reason=piece.finish_reason,
                         output_tokens=produced if piece.finish_reason is not None else None,
                     )
+        except PromptTooLong as exc:
+            raise PolicyError(
+                f"local policy: {exc}. The conversation no longer fits this model's context (prompt profile "
+                f"{self.prompt_profile.name!r}): start a new session, or use a checkpoint with a longer context"
+            ) from None
         except EngineError as exc:
             raise PolicyError(f"local policy: {exc}") from None
 

@@ -4,20 +4,47 @@ Works with vLLM, llama.cpp's server, Ollama and Flywheel's own
 ``flywheel policy serve``. Timeouts are on by default (5 s to connect, 120 s
 between streamed chunks). Not guaranteed: token ids and logprobs (remote
 servers return text only), exact token counts unless the server reports usage.
+
+Prompt profile (``prompt_profile``, read by the session factory): in
+``completions`` mode the runtime renders the text the model reads, so it must
+use the profile the served checkpoint was trained with. The policy asks the
+server once, when it is built (``GET /models``, bounded by the connect
+timeout): ``flywheel policy serve`` publishes its checkpoint's profile there.
+A server that publishes none (vLLM, llama.cpp, a server without ``/models``)
+gets :data:`agent.prompt.DEFAULT_PROFILE`; pass ``prompt_profile=`` to choose
+one yourself. A published profile this version of Flywheel does not know, or
+whose fingerprint differs, is a :class:`PolicyError` — never a silent
+fallback. In ``chat`` mode nothing is asked and the profile is the default
+(the server applies its own template to the messages).
+
+Environment: ``FLYWHEEL_OPENAI_BASE_URL``, ``_MODEL``, ``_API_KEY`` and
+``_API`` are read by :class:`OpenAIEnv` (pydantic-settings), only in
+:meth:`OpenAIConfig.from_env`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 import httpx
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.policy import PolicyChunk, PolicyError
-from agent.prompt import RenderedPrompt
+from agent.prompt import CHAT_TEMPLATE, DEFAULT_PROFILE, PROFILES, PromptProfile, RenderedPrompt
+
+
+class OpenAIEnv(BaseSettings):
+    """``FLYWHEEL_OPENAI_*`` environment variables (unset or empty: not given)."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_OPENAI_", extra="ignore")
+
+    base_url: str | None = None
+    model: str | None = None
+    api_key: str | None = None
+    api: Literal["chat", "completions"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,14 +66,16 @@ class OpenAIConfig:
 
     @classmethod
     def from_env(cls, **overrides: object) -> OpenAIConfig:
-        """Read ``FLYWHEEL_OPENAI_BASE_URL``/``_MODEL``/``_API_KEY``; explicit values win."""
-        env = {
-            "base_url": os.environ.get("FLYWHEEL_OPENAI_BASE_URL"),
-            "model": os.environ.get("FLYWHEEL_OPENAI_MODEL"),
-            "api_key": os.environ.get("FLYWHEEL_OPENAI_API_KEY"),
-            "api": os.environ.get("FLYWHEEL_OPENAI_API"),
-        }
-        values = {k: v for k, v in env.items() if v}
+        """Read ``FLYWHEEL_OPENAI_BASE_URL``/``_MODEL``/``_API_KEY``/``_API`` (via
+        :class:`OpenAIEnv`); explicit values win."""
+        from pydantic import ValidationError
+
+        try:
+            env = OpenAIEnv()
+        except ValidationError as exc:
+            where = "; ".join(f"FLYWHEEL_OPENAI_{str(e['loc'][0]).upper()}: {e['msg']}" for e in exc.errors())
+            raise PolicyError(f"invalid environment: {where}") from None
+        values: dict[str, object] = {k: v for k, v in env.model_dump().items() if v}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
 
@@ -54,9 +83,14 @@ class OpenAIConfig:
 class OpenAICompatPolicy:
     name = "openai"
 
-    def __init__(self, config: OpenAIConfig, *, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(self, config: OpenAIConfig, *, transport: httpx.AsyncBaseTransport | None = None,
+                 prompt_profile: PromptProfile | None = None):
+        """``prompt_profile``: None asks the server in completions mode (see the module docstring)."""
         self.config = config
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        if prompt_profile is None:
+            prompt_profile = discover_profile(config, headers) if config.api == "completions" else DEFAULT_PROFILE
+        self.prompt_profile: PromptProfile = prompt_profile
         timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
         self._client = httpx.AsyncClient(
             base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
@@ -73,7 +107,7 @@ class OpenAICompatPolicy:
         }
         if self.config.api == "completions":
             path = "/completions"
-            body = {**common, "prompt": prompt.text, "stop": list(COMPLETION_STOPS)}
+            body = {**common, "prompt": prompt.text, "stop": list(CHAT_TEMPLATE.turn_stops)}
         else:
             path = "/chat/completions"
             body = {**common, "messages": prompt.messages}
@@ -113,7 +147,46 @@ async def _sse_chunks(response: httpx.Response, url: str) -> AsyncIterator[Polic
             yield chunk
 
 
-COMPLETION_STOPS = ("\n<|end|>", "<|end|>")  # the chat template closes every message with "\n<|end|>"
+def discover_profile(config: OpenAIConfig, headers: dict[str, str]) -> PromptProfile:
+    """The prompt profile the server publishes for ``config.model`` (``GET /models``).
+
+    Blocking, bounded by ``connect_timeout_s`` for connecting and reading.
+    Returns :data:`DEFAULT_PROFILE` when the server publishes none (no
+    ``/models`` route, no ``prompt_profile`` field). Raises :class:`PolicyError`
+    when the server cannot be reached, refuses the key, or publishes a profile
+    that is unknown here or whose fingerprint differs from ours.
+    """
+    url = f"{config.base_url.rstrip('/')}/models"
+    try:
+        response = httpx.get(url, headers=headers, timeout=config.connect_timeout_s)
+    except httpx.HTTPError as exc:
+        raise PolicyError(f"cannot reach {url} to learn the served model's prompt profile "
+                          f"({type(exc).__name__}: {exc}); is the server running?") from None
+    if response.status_code in (401, 403):
+        raise PolicyError(f"{url} answered HTTP {response.status_code}: check the API key")
+    if response.status_code >= 400:
+        return DEFAULT_PROFILE  # no /models route (or not as OpenAI's): the server publishes no profile
+    try:
+        entries = response.json().get("data") or []
+    except (ValueError, AttributeError):
+        return DEFAULT_PROFILE
+    models = [m for m in entries if isinstance(m, dict)]
+    entry = next((m for m in models if m.get("id") == config.model), models[0] if len(models) == 1 else None)
+    published = entry.get("prompt_profile") if entry is not None else None
+    if not isinstance(published, dict):
+        return DEFAULT_PROFILE
+    name, fingerprint = published.get("name"), published.get("fingerprint")
+    profile = PROFILES.get(name) if isinstance(name, str) else None
+    if profile is None:
+        raise PolicyError(f"{url}: the served model uses prompt profile {name!r}, which this version of Flywheel "
+                          f"does not have (known: {', '.join(sorted(PROFILES))})")
+    if fingerprint != profile.fingerprint:
+        raise PolicyError(f"{url}: the served model's prompt profile {name!r} has fingerprint {fingerprint}, ours "
+                          f"is {profile.fingerprint}: client and server run different prompt texts; update one")
+    return profile
+
+
+COMPLETION_STOPS = CHAT_TEMPLATE.turn_stops  # kept as a name for importers; the one definition is the template's
 
 
 def _token_fields(choice: dict[str, object]) -> tuple[tuple[int, ...], tuple[float, ...]] | tuple[None, None]:

@@ -28,8 +28,20 @@ def tiny_tokenizer() -> Tokenizer:
 
 
 def tiny_model(tokenizer: Tokenizer, seed: int = 0) -> MoETransformer:
+    """A random model that never writes a role marker or ``<|pad|>`` (their logits are -inf).
+
+    Every special token ends a sequence; a random model would hit one of them early and cut
+    tests of other behaviours short. ``<|end|>`` and ``<|eos|>`` stay sampleable."""
     torch.manual_seed(seed)
-    return MoETransformer(ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_seq_len=256)).eval()
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_seq_len=256)).eval()
+    masked = [i for t, i in tokenizer.special_ids.items() if t not in ("<|end|>", "<|eos|>")]
+
+    def no_markers(_module: torch.nn.Module, _inputs: object, logits: torch.Tensor) -> torch.Tensor:
+        logits[..., masked] = float("-inf")
+        return logits
+
+    model.lm_head.register_forward_hook(no_markers)
+    return model
 
 
 @pytest.fixture(scope="module")

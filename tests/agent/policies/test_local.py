@@ -99,14 +99,20 @@ async def test_drives_the_real_session_and_records_tokens(checkpoint: Path, tmp_
         await policy.aclose()
         workspace.delete()
     [message, *_] = sink.of_type(AssistantMessage)
-    assert len(message.token_ids) == len(message.logprobs) == message.output_tokens == 8
-    assert message.text == policy.tokenizer.decode(message.token_ids)
+    n = message.output_tokens or 0
+    assert len(message.token_ids) == len(message.logprobs) == n and 1 <= n <= 8
+    # a random model may sample a special token (which ends the turn) before its 8th
+    specials = set(policy.tokenizer.special_ids.values())
+    body = message.token_ids[:-1] if message.token_ids[-1] in specials else message.token_ids
+    assert n == 8 or message.token_ids[-1] in specials
+    assert message.text == policy.tokenizer.decode(body)
 
 
 async def test_concurrent_streams_share_decode_batches(policy: LocalPolicy) -> None:
     prompts = [render_prompt([Message("user", f"task {i}")], []) for i in range(4)]
     results = await asyncio.gather(*(chunks_of(policy, p) for p in prompts))
-    assert all(sum(len(c.token_ids) for c in r) == 12 for r in results)
+    # 12 each, unless a special token (which ends a turn) came first
+    assert all(len(ids := [t for c in r for t in c.token_ids]) == 12 or ids[-1] <= 6 for r in results)
     assert policy.engine.stats.max_batch >= 2
 
 
