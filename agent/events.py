@@ -7,15 +7,30 @@ starts at 1 and increases by one per event.
 
 Clients must ignore event types they do not know. Field additions are
 backwards compatible; renames and removals are not.
+
+Every event is JSON-serialisable by construction: a validator on the base
+class passes every field value -- strings, and recursively the contents of
+``args``/``data`` -- through :func:`agent.text_safety.json_safe_value`, so a
+lone surrogate (a file name with byte ``\\xff``, decoded with
+``surrogateescape``) is stored as the visible text ``\\xff`` and any other lone
+surrogate as U+FFFD (see ``docs/protocol.md``). ``model_copy(update=...)``
+cleans its updates the same way.
+
+Not guaranteed: ``model_construct`` skips validation, so an event built that
+way may still hold unserialisable text; the server's writer
+(``backend.db.log``) replaces such an event by an ``error`` event with its
+``seq`` rather than losing the events around it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any, Literal, Protocol, Self, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from agent.text_safety import escape_json_text, json_safe_value
 
 
 class _Event(BaseModel):
@@ -27,6 +42,20 @@ class _Event(BaseModel):
     session_id: str = ""
     ts: float = Field(default_factory=time.time)
     turn: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _json_safe(cls, data: Any) -> Any:
+        # On the base class, so a field added to any event later is covered too.
+        if isinstance(data, Mapping):
+            return {k: json_safe_value(v) for k, v in data.items()}
+        return data
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy with ``update`` applied; updates are made JSON-safe like constructor input
+        (pydantic does not validate them)."""
+        safe = None if update is None else {k: json_safe_value(v) for k, v in update.items()}
+        return super().model_copy(update=safe, deep=deep)
 
 
 class UserMessage(_Event):
@@ -160,7 +189,15 @@ def event_from_json_or_none(data: str | bytes) -> Event | None:
 
 
 def event_to_json(event: Event) -> str:
-    return event.model_dump_json()
+    """The event as one line of JSON (the log's body, ``--json``, the WebSocket).
+
+    Exact: parsing it gives the same event. Characters JSON would leave raw
+    but a terminal acts on (DEL, C1 and bidi controls) are written as
+    ``\\uXXXX`` escapes, so the line is inert when printed. Raises
+    ``pydantic_core.PydanticSerializationError`` only for an event that
+    bypassed validation (``model_construct``).
+    """
+    return escape_json_text(event.model_dump_json())
 
 
 @runtime_checkable
