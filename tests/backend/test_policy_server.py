@@ -24,7 +24,8 @@ from agent.model.config import ModelConfig
 from agent.model.engine import Engine
 from agent.model.transformer import MoETransformer
 from agent.policies.openai_compat import OpenAICompatPolicy, OpenAIConfig
-from agent.prompt import Message, render_prompt
+from agent.policy import PolicyError
+from agent.prompt import COMPACT_PROFILE, DEFAULT_PROFILE, Message, PromptProfile, render_prompt
 from backend.cli import main as cli_main
 from backend.policy_server import create_app, render_messages
 from tests.agent.model.test_engine import tiny_tokenizer
@@ -38,7 +39,7 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok = tiny_tokenizer()
     torch.manual_seed(0)
     model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=1024))
-    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-ckpt", model, tok, step=0)
+    return save_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-ckpt", model, tok, step=0, profile=COMPACT_PROFILE)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +129,7 @@ def test_completions_token_in_token_out_match_training_logprobs(server: str, loc
     assert choice["prompt_token_ids"] == prompt and len(ids) == len(lps) > 0
     ref = model.logprobs(torch.tensor([prompt + ids]))[0, len(prompt) - 1 :]
     assert (ref - torch.tensor(lps)).abs().max().item() <= 1e-5
-    end = {tok.eos_id, tok.end_id}
+    end = set(tok.special_ids.values())
     assert choice["text"] == tok.decode([t for t in ids if t not in end])
 
 
@@ -148,6 +149,8 @@ def test_completions_stream_carries_the_same_tokens(server: str, local) -> None:
 def test_models_lists_the_served_model(server: str) -> None:
     data = httpx.get(f"{server}/models", timeout=5).json()
     assert data["object"] == "list" and [m["id"] for m in data["data"]] == ["tiny"]
+    # the checkpoint's prompt profile, for clients that render the prompt themselves
+    assert data["data"][0]["prompt_profile"] == {"name": "compact", "fingerprint": COMPACT_PROFILE.fingerprint}
 
 
 # -- in-process: errors and auth ------------------------------------------------------
@@ -234,9 +237,10 @@ async def test_completions_mode_gives_the_runtime_token_in_token_out(server: str
     model, tok = local
     conv = [Message("user", "look"), Message("assistant", "<tool_call name=\"list_dir\"/>"),
             Message("tool", '<tool_result name="list_dir" index="0" status="ok">a.py</tool_result>')]
-    prompt = render_prompt(conv, [])
+    prompt = render_prompt(conv, [], profile=COMPACT_PROFILE)
     policy = OpenAICompatPolicy(OpenAIConfig(base_url=server, model="tiny", max_tokens=12, temperature=1.0,
                                              api="completions"))
+    assert policy.prompt_profile == COMPACT_PROFILE  # learnt from GET /v1/models before any request
     try:
         chunks = [c async for c in policy.stream(prompt)]
     finally:
@@ -248,3 +252,80 @@ async def test_completions_mode_gives_the_runtime_token_in_token_out(server: str
     full = torch.tensor([prompt_ids + ids])
     expected = model.logprobs(full)[0, len(prompt_ids) - 1 :]
     assert torch.allclose(torch.tensor(lps), expected, atol=1e-5)
+
+
+def test_max_tokens_is_clamped_to_the_context(app_client: TestClient) -> None:
+    """The runtime asks for 4096 tokens; the server gives what the 64-token context leaves."""
+    body = {"prompt": list(range(10, 70)), "max_tokens": 4096, "seed": 2, "temperature": 0}
+    r = app_client.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    [choice] = r.json()["choices"]
+    assert len(choice["token_ids"]) <= 4 and r.json()["usage"]["total_tokens"] <= 64
+
+
+def test_chat_content_never_carries_a_role_marker(local, app_client: TestClient) -> None:
+    model, tok = local
+    calls = 0
+
+    def force_user_marker(_m, _i, logits: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            logits[..., tok.token_id("<|user|>")] += 1e4
+        return logits
+
+    handle = model.lm_head.register_forward_hook(force_user_marker)
+    try:
+        r = app_client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                           "max_tokens": 20, "seed": 4})
+    finally:
+        handle.remove()
+    [choice] = r.json()["choices"]
+    assert choice["finish_reason"] == "stop" and "<|" not in choice["message"]["content"]
+    assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_the_api_key_comes_from_the_settings_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FLYWHEEL_POLICY_API_KEY", "from-env")
+    # past the key check (the key came from FLYWHEEL_POLICY_API_KEY), stopped by the missing checkpoint
+    assert cli_main(["policy", "serve", str(tmp_path / "missing"), "--host", "0.0.0.0"]) == 1
+    err = capsys.readouterr().err
+    assert "no checkpoint directory" in err and "without an API key" not in err
+
+
+def _serve_in_thread(app):  # noqa: ANN001, ANN202 - test helper
+    import contextlib
+    import socket
+    import threading
+
+    import uvicorn
+
+    @contextlib.contextmanager
+    def running() -> Iterator[str]:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", ws="none"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not server.started and time.monotonic() < deadline:
+                time.sleep(0.01)
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
+
+    return running()
+
+
+def test_a_client_refuses_a_server_whose_profile_text_differs(local) -> None:
+    model, tok = local
+    edited = PromptProfile(name="compact", system="an edited system prompt", tool_detail="compact")
+    app = create_app(Engine(model, tok, max_slots=1, max_len=64), model_id="m", prompt_profile=edited)
+    with _serve_in_thread(app) as url:
+        with pytest.raises(PolicyError, match="different prompt texts"):
+            OpenAICompatPolicy(OpenAIConfig(base_url=url, model="m", api="completions"))
+        chat = OpenAICompatPolicy(OpenAIConfig(base_url=url, model="m"))  # chat mode asks nothing
+    assert chat.prompt_profile == DEFAULT_PROFILE

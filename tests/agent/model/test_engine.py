@@ -389,3 +389,62 @@ async def test_a_failing_loop_fails_its_requests_instead_of_hanging(model, tok) 
             await engine.complete(GenerationRequest([5], max_tokens=3))
     finally:
         await engine.stop()
+
+
+def _forcing(model: MoETransformer, forced: dict[int, int]):
+    """Hook: at forward ``k`` (1 = prefill) add a huge logit to token ``forced[k]``."""
+    calls = 0
+
+    def force(_module, _inputs, logits: torch.Tensor) -> torch.Tensor:
+        nonlocal calls
+        calls += 1
+        if calls in forced:
+            logits[..., forced[calls]] += 1e4
+        return logits
+
+    return model.lm_head.register_forward_hook(force)
+
+
+@pytest.mark.parametrize("marker", ["<|user|>", "<|assistant|>", "<|tool|>", "<|system|>", "<|pad|>"])
+async def test_a_sampled_role_marker_ends_the_sequence_and_never_shows(tok, marker: str) -> None:
+    torch.manual_seed(0)  # unmasked: this model may write any special token
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=64)).eval()
+    marker_id = tok.token_id(marker)
+    handle = _forcing(model, {3: marker_id})
+    engine = Engine(model, tok, max_slots=1)
+    await engine.start()
+    try:
+        pieces = await collect(engine, GenerationRequest(tok.encode("hi"), max_tokens=20, seed=1))
+    finally:
+        handle.remove()
+        await engine.stop()
+    text, ids, lps = joined(pieces)
+    assert pieces[-1].finish_reason == "stop" and ids[-1] == marker_id and len(ids) == len(lps) == 3
+    assert "<|" not in text and text == tok.decode(ids[:-1])
+
+
+async def test_a_marker_spelled_from_ordinary_tokens_is_cut(tok) -> None:
+    torch.manual_seed(0)
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=64)).eval()
+    spelled = tok.encode("<|") + tok.encode("user") + tok.encode("|>")
+    assert tok.token_id("<|user|>") not in spelled and tok.decode(spelled) == "<|user|>"
+    handle = _forcing(model, {2 + i: t for i, t in enumerate(spelled)})
+    engine = Engine(model, tok, max_slots=1)
+    await engine.start()
+    try:
+        pieces = await collect(engine, GenerationRequest(tok.encode("hi"), max_tokens=20, seed=1))
+    finally:
+        handle.remove()
+        await engine.stop()
+    text, ids, _ = joined(pieces)
+    assert pieces[-1].finish_reason == "stop" and ids[-len(spelled):] == spelled
+    assert "<|" not in text and "user|>" not in text
+
+
+def test_fit_clamps_max_tokens_to_the_room_the_prompt_leaves(model, tok) -> None:
+    engine = Engine(model, tok, max_slots=1, max_len=32)
+    fitted = engine.fit(GenerationRequest(list(range(20, 50)), max_tokens=4096))
+    assert fitted.max_tokens == 2 and engine.room(30) == 2
+    assert engine.fit(GenerationRequest([20], max_tokens=5)).max_tokens == 5
+    with pytest.raises(EngineError, match=r"prompt is 32 tokens"):
+        engine.fit(GenerationRequest(list(range(20, 52)), max_tokens=1))

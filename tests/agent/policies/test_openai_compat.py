@@ -9,7 +9,7 @@ import pytest
 from agent.policies import make_policy
 from agent.policies.openai_compat import OpenAICompatPolicy, OpenAIConfig
 from agent.policy import PolicyError
-from agent.prompt import Message, render_prompt
+from agent.prompt import DEFAULT_PROFILE, Message, render_prompt
 from tests.openai_server import ScriptedChatServer
 
 PROMPT = render_prompt([Message("user", "hello")], [])
@@ -64,6 +64,14 @@ def test_make_policy_reads_env_and_rejects_unknown(monkeypatch) -> None:
     assert make_policy("openai:other").config.model == "other"  # type: ignore[attr-defined]
     with pytest.raises(PolicyError, match="unknown policy"):
         make_policy("gpt5")
+    monkeypatch.setenv("FLYWHEEL_OPENAI_API", "grpc")  # read by the OpenAIEnv settings class
+    with pytest.raises(PolicyError, match="FLYWHEEL_OPENAI_API"):
+        make_policy("openai")
+
+
+async def test_an_unreachable_server_in_completions_mode_fails_at_construction() -> None:
+    with pytest.raises(PolicyError, match="prompt profile"):
+        OpenAICompatPolicy(OpenAIConfig(base_url="http://127.0.0.1:9/v1", api="completions", connect_timeout_s=1))
 
 
 @pytest.mark.parametrize(
@@ -94,6 +102,7 @@ async def test_completions_mode_sends_the_rendered_text_and_reads_token_ids() ->
             await policy.aclose()
     body = server.requests[0]["body"]
     assert server.requests[0]["path"] == "/v1/completions"
+    assert policy.prompt_profile == DEFAULT_PROFILE  # the server publishes none (no GET /v1/models)
     assert body["prompt"] == PROMPT.text and "messages" not in body  # byte for byte what a local policy sees
     assert "\n<|end|>" in body["stop"]
     assert text == "Hello <tool_call"
