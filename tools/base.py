@@ -68,18 +68,29 @@ class Resources:
     """What a call reads and writes, for the executor's ordering.
 
     Keys are normalised workspace-relative paths, or :data:`WHOLE_TREE`. Two
-    calls conflict when one writes what the other reads or writes. Paths are
-    compared as strings after normalisation: two names for one file through a
-    symlink are *not* detected as the same resource.
+    calls conflict when one's ``writes`` meet anything the other reads or
+    writes. ``process_writes`` are writes by a separate process that runs
+    alongside other calls (a shell command): they conflict with ``writes``
+    (file-tool edits, in either order) but *not* with reads or with other
+    process writes, so commands run concurrently with each other and with
+    reads and searches. Paths are compared as strings after normalisation:
+    two names for one file through a symlink are *not* detected as the same
+    resource.
     """
 
     reads: frozenset[str] = frozenset()
     writes: frozenset[str] = frozenset()
+    process_writes: frozenset[str] = frozenset()
 
     def conflicts_with(self, other: Resources) -> bool:
-        return _overlap(self.writes, other.reads | other.writes) or _overlap(
-            other.writes, self.reads
+        return _overlap(self.writes, other.reads | other.writes | other.process_writes) or _overlap(
+            other.writes, self.reads | self.process_writes
         )
+
+    @property
+    def may_write_anywhere(self) -> bool:
+        """Whether the call may change any path (a shell command)."""
+        return WHOLE_TREE in self.writes or WHOLE_TREE in self.process_writes
 
 
 def _overlap(a: frozenset[str], b: frozenset[str]) -> bool:
@@ -139,9 +150,9 @@ class ToolContext:
     def after_call(self, resources: Resources, result: ToolResult) -> None:
         """Tell the search index what a finished call changed: its FileEdits, and
         whether it may have written anywhere (a shell command). Cheap; no-op without an index."""
-        if self.search_index is not None and (result.edits or WHOLE_TREE in resources.writes):
+        if self.search_index is not None and (result.edits or resources.may_write_anywhere):
             self.search_index.notify_edits([e.path for e in result.edits],
-                                           tree_changed=WHOLE_TREE in resources.writes)
+                                           tree_changed=resources.may_write_anywhere)
 
 
 @runtime_checkable

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tools.base import WHOLE_TREE, ParamSpec, ParamType, Resources, ToolContext, ToolError, ToolResult, ToolSpec
+from tools.argv import ArgvError, check_arg
 from tools.ripgrep import list_files
 
 MAX_RESULTS = 500
@@ -39,6 +40,10 @@ class Glob:
         path: str = args.get("path") or "."
         if not pattern:
             raise ToolError("pattern must not be empty (e.g. '**/*.py')")
+        try:
+            check_arg("pattern", pattern)
+        except ArgvError as exc:
+            raise ToolError(str(exc)) from None
         ws = ctx.workspace
         real = await asyncio.to_thread(ws.real_path, path)
         if not await asyncio.to_thread(ws.is_dir, real):

@@ -1,15 +1,23 @@
-"""``grep``: search file contents by regular expression, via ripgrep's JSON output."""
+"""``grep``: search file contents by regular expression, via ripgrep's JSON output.
+
+Refused before ripgrep runs: an empty pattern, a pattern or glob with a NUL
+byte or over 128 KiB, and a ``path`` naming something other than a regular
+file or directory (a FIFO would block the search until the timeout).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import base64
 import json
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tools.base import WHOLE_TREE, ParamSpec, ParamType, Resources, ToolContext, ToolError, ToolResult, ToolSpec
+from tools.argv import ArgvError, check_arg
+from tools.paths import stat_beneath
 from tools.ripgrep import list_files, run_rg
 
 MAX_MATCHES = 200
@@ -20,7 +28,9 @@ MAX_CONTEXT = 10
 
 class Grep:
     """Not guaranteed: binary files are skipped (ripgrep's default); lines are cut at
-    500 characters; a symlinked search root is reported under its real path."""
+    500 characters; a symlinked search root is reported under its real path; a
+    file replaced by a FIFO between the check and the search (by a command
+    running alongside) blocks until ripgrep's timeout."""
 
     spec = ToolSpec(
         name="grep",
@@ -55,9 +65,19 @@ class Grep:
             raise ToolError("pattern must not be empty")
         if not 0 <= context <= MAX_CONTEXT:
             raise ToolError(f"context must be between 0 and {MAX_CONTEXT} (got {context})")
+        try:
+            check_arg("pattern", pattern)
+            if glob:
+                check_arg("glob", glob)
+        except ArgvError as exc:
+            raise ToolError(str(exc)) from None
         ws = ctx.workspace
         real = await asyncio.to_thread(ws.real_path, path)
-        is_dir = await asyncio.to_thread(ws.is_dir, real)
+        mode = (await asyncio.to_thread(stat_beneath, ws.root, real)).st_mode
+        is_dir = stat.S_ISDIR(mode)
+        if not is_dir and not stat.S_ISREG(mode):
+            raise ToolError(f"path {path} is not a regular file or directory (a FIFO, socket or device): "
+                            "grep searches only files")
         # Sorted output (single-threaded rg): the same tree gives the same
         # result, which replay and RL rely on.
         flags = ["--json", "--line-number", "--sort", "path"]

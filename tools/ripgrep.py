@@ -6,10 +6,23 @@ without a ``.git`` directory, but ignore files *above* the workspace, the
 user's global gitignore and any ripgrep config file are not; hidden files are
 searched (``.git`` itself is skipped); symlinks are never followed.
 
+Bounds on every run: arguments are checked first (:func:`tools.argv.check_arg`:
+no NUL bytes, at most 128 KiB each, refused with a clear message); at most
+:data:`MAX_CONCURRENT` ripgrep processes run at once per event loop (more
+wait their turn); each has :data:`RG_TIMEOUT_S` of wall time and an address
+space of :data:`RG_MEMORY_BYTES` (plus ripgrep's own regex size limits); the
+workspace's host path is replaced by ``.`` in what ripgrep prints on stderr.
+Directory walks skip FIFOs, sockets and devices (ripgrep searches only
+regular files it finds); a FIFO named explicitly would block its open, so the
+``grep`` tool refuses non-regular files before running ripgrep.
+
 Not guaranteed: ripgrep's ``--glob`` *overrides* ignore rules (an ignored file
 matching the glob is listed), so callers that take a glob intersect with an
 unfiltered listing (:func:`list_files`); output lines longer than
-:data:`MAX_MESSAGE_BYTES` are dropped and counted, not shown.
+:data:`MAX_MESSAGE_BYTES` are dropped and counted, not shown. The memory
+limit is set with ``prlimit`` just after ripgrep starts: its first
+allocations happen before it. Time spent waiting for a free slot does not
+count against the timeout.
 """
 
 from __future__ import annotations
@@ -17,13 +30,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import shutil
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tools.argv import ArgvError, check_arg
 from tools.base import ToolError
 
 RG_TIMEOUT_S = 30.0
+RG_MEMORY_BYTES = 2 << 30
+MAX_CONCURRENT = 4
 MAX_MESSAGE_BYTES = 4 << 20
 MAX_STDERR_BYTES = 16 << 10
 
@@ -36,7 +54,26 @@ BASE_FLAGS = (
     "--glob=!.git",
     "--no-follow",
     "--color=never",
+    "--no-mmap",  # plain reads: the address-space limit then bounds memory, not file size
 )
+
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _slot() -> asyncio.Semaphore:
+    """The per-event-loop semaphore bounding concurrent ripgrep processes."""
+    loop = asyncio.get_running_loop()
+    sem = _slots.get(loop)
+    if sem is None:
+        sem = _slots[loop] = asyncio.Semaphore(MAX_CONCURRENT)
+    return sem
+
+
+def scrub(text: str, root: str | os.PathLike[str]) -> str:
+    """``text`` with the absolute workspace path replaced by ``.`` (relative paths)."""
+    for r in {os.fspath(root), os.path.realpath(root)}:
+        text = text.replace(r.rstrip("/") + "/", "./").replace(r, ".")
+    return text
 
 
 def rg_binary() -> str:
@@ -65,15 +102,29 @@ async def run_rg(
 
     Kills rg on timeout (ToolError) or cancellation. Exit codes are returned,
     not interpreted: 0 found, 1 nothing found, 2 error. ``timeout`` defaults
-    to :data:`RG_TIMEOUT_S` (read at call time).
+    to :data:`RG_TIMEOUT_S` (read at call time). An argument that cannot be
+    passed to a program (NUL byte, over 128 KiB) is a ToolError.
     """
-    timeout = RG_TIMEOUT_S if timeout is None else timeout
+    for arg in args:
+        try:
+            check_arg("argument", arg)
+        except ArgvError as exc:
+            raise ToolError(str(exc)) from None
+    async with _slot():
+        return await _run_rg(args, cwd, on_line, RG_TIMEOUT_S if timeout is None else timeout)
+
+
+async def _run_rg(
+    args: list[str], cwd: str | os.PathLike[str], on_line: Callable[[bytes], None], timeout: float
+) -> RgExit:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIPGREP_")}
     proc = await asyncio.create_subprocess_exec(
         rg_binary(), *BASE_FLAGS, *args, cwd=os.fspath(cwd), env=env,
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
+    with contextlib.suppress(OSError):  # it may already have exited
+        resource.prlimit(proc.pid, resource.RLIMIT_AS, (RG_MEMORY_BYTES, RG_MEMORY_BYTES))
     assert proc.stdout is not None and proc.stderr is not None
     stdout, stderr = proc.stdout, proc.stderr
     dropped = 0
@@ -119,7 +170,7 @@ async def run_rg(
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
-    return RgExit(rc, err.decode("utf-8", "replace").strip(), dropped)
+    return RgExit(rc, scrub(err.decode("utf-8", "replace").strip(), cwd), dropped)
 
 
 async def list_files(cwd: str | os.PathLike[str], path: str, glob: str | None = None) -> list[str]:

@@ -1,12 +1,24 @@
 """``run_command``: run a shell command in the workspace, inside the sandbox.
 
 The command string is passed byte-exact to ``bash -c`` (only checked for
-being blank). Every call is a fresh shell: the working directory and
-environment do not carry over between calls, files in the workspace do.
+being blank, for NUL bytes and for the 128 KiB argument limit). Every call is
+a fresh shell: the working directory and environment do not carry over
+between calls, files in the workspace do.
+
+Ordering (:meth:`RunCommand.resources`): a command may touch any path, but it
+is its own sandboxed process, so commands of one step run *concurrently* with
+each other and with reads and searches (``read_file``, ``grep``, ``glob``,
+``list_dir``); they keep call order only against file edits
+(``edit_file``, ``write_file``): an edit followed by a test run must test the
+edited code, and a command that regenerates a file must not interleave with
+an edit of that file.
 
 Not guaranteed: the isolation is whatever ``ctx.sandbox`` provides (see
 :mod:`tools.sandbox`); this tool adds no checks of its own on what a command
-does, it only serialises commands against every other call.
+does. Two commands of one step that touch the same files race (as two shell
+jobs would), and a read or search issued with a command may or may not see
+what the command writes: to order them, chain them in one command (``a &&
+b``) or issue them in separate steps.
 """
 
 from __future__ import annotations
@@ -15,6 +27,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from tools.argv import ArgvError
 from tools.base import (
     WHOLE_TREE,
     ParamSpec,
@@ -30,13 +43,18 @@ from tools.sandbox import CommandResult, SandboxLimits
 _DESCRIPTION = """\
 Run a shell command in the workspace root with bash and return its exit code and \
 combined stdout+stderr.
-Sandboxed: no network access; everything outside the workspace is read-only; /tmp is \
+Sandboxed: the workspace is at /workspace (the working directory); no network access; \
+only the system directories (/usr, /etc, ...) are visible outside it, read-only; /tmp is \
 private to this call and discarded afterwards.
 Each call is a fresh shell: `cd` and environment variables do not persist between \
 calls, but files written in the workspace do.
+Commands in one step run at the same time (and alongside reads and searches); file \
+edits before or after a command in the step are applied in call order. If one command \
+needs another's result, chain them in one call (`a && b`).
 Limits: a timeout (default {default} s, at most {max} s; the whole process tree is \
 killed when it expires, including background jobs), {memory} MiB of memory, {pids} \
-processes, and only the first and last {output} KiB of output are shown."""
+processes, files of at most {file} MiB, {disk} MiB for the whole workspace, and only \
+the first and last {output} KiB of output are shown."""
 
 
 class RunCommand:
@@ -59,6 +77,8 @@ class RunCommand:
                 max=max_timeout_s,
                 memory=self.limits.memory_bytes >> 20,
                 pids=self.limits.max_pids,
+                file=_mib(self.limits.file_bytes),
+                disk=_mib(self.limits.disk_bytes),
                 output=self.limits.output_bytes >> 10,
             ),
             params=(
@@ -74,8 +94,9 @@ class RunCommand:
         )
 
     def resources(self, args: Mapping[str, Any]) -> Resources:
-        # A command may read or write anything: serialise it against every call.
-        return Resources(writes=frozenset({WHOLE_TREE}))
+        # A command may read or write anything, as its own process: ordered
+        # against file edits, concurrent with other commands and with reads.
+        return Resources(reads=frozenset({WHOLE_TREE}), process_writes=frozenset({WHOLE_TREE}))
 
     def timeout_for(self, args: Mapping[str, Any]) -> int:
         raw = args.get("timeout")
@@ -89,9 +110,12 @@ class RunCommand:
         if ctx.sandbox is None:
             raise ToolError("commands are disabled: no sandbox is configured")
         limits = dataclasses.replace(self.limits, timeout_s=float(self.timeout_for(args)))
-        result = await ctx.sandbox.run(command, ctx.workspace.root, limits)
+        try:
+            result = await ctx.sandbox.run(command, ctx.workspace.root, limits)
+        except ArgvError as exc:
+            raise ToolError(str(exc)) from None
         return ToolResult(
-            ok=result.exit_code == 0 and not result.timed_out,
+            ok=result.exit_code == 0 and not result.timed_out and not result.disk_limit_hit,
             output=f"{header(result, limits)}\n{result.output or '(no output)'}",
             data=dataclasses.asdict(result),
         )
@@ -116,4 +140,13 @@ def header(result: CommandResult, limits: SandboxLimits) -> str:
         parts.append(f"killed by signal {result.signal}")
     if result.truncated:
         parts.append(f"output truncated ({result.output_bytes_total} bytes in total)")
+    if result.disk_limit_hit and result.workspace_bytes is not None:
+        parts.append(
+            f"workspace is over its disk cap ({_mib(result.workspace_bytes)} MiB used, cap "
+            f"{_mib(limits.disk_bytes)} MiB): delete large files before running more commands"
+        )
     return " · ".join(parts)
+
+
+def _mib(n: int | None) -> str:
+    return "unlimited" if n is None else f"{n / (1 << 20):g}"

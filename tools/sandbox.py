@@ -3,17 +3,24 @@
 :class:`BubblewrapSandbox` is the one production path. Each command runs as
 ``bash -c COMMAND`` (``sh`` where bash is missing) with:
 
-* the host root mounted read-only, only the workspace writable (bound at its
-  own path), a private ``/tmp`` (tmpfs, discarded after the call, counted
-  against the memory limit), a fresh ``/dev``, a fresh *read-only* ``/proc``
-  (so ``/proc/sys`` and ``/proc/sysrq-trigger`` cannot be written), and
-  ``/run`` hidden (service sockets: mysqld, postgres, dbus, docker);
+* an allow-listed, read-only view of the host (``/usr``, ``/bin``, ``/lib*``,
+  ``/etc`` minus every entry other users may not read; see
+  :mod:`tools.bwrap`), the workspace bound read-write at ``/workspace``
+  (whatever its host path) as the working directory, a private ``/tmp``
+  (tmpfs, discarded after the call, counted against the memory limit), a
+  fresh ``/dev`` and a fresh *read-only* ``/proc``. The host's ``/root``,
+  ``/home``, ``/var``, ``/tmp``, ``/run``, the workspace store and every other
+  workspace do not exist inside;
 * every namespace unshared: no network but an isolated loopback, its own PID
-  namespace (when its pid 1 dies the kernel kills every process in it);
+  namespace (when its pid 1 dies the kernel kills every process in it), the
+  hostname ``flywheel``;
 * no capabilities (``--cap-drop ALL`` when we are root);
 * an empty environment except a small PATH, ``HOME=/tmp`` and ``LANG``;
 * fresh cgroup v1 ``pids`` and ``memory`` groups joined *before* bwrap execs,
   so the whole tree is capped and can be swept; they are removed afterwards;
+* ``RLIMIT_FSIZE`` (``SandboxLimits.file_bytes``): no file can grow past it;
+* a total disk cap (``SandboxLimits.disk_bytes``) checked after the command
+  by walking the workspace; an over-cap workspace fails the call;
 * a wall-clock timeout (SIGTERM, a short grace, then SIGKILL to the tree);
   cancelling :meth:`Sandbox.run` kills the tree too.
 
@@ -21,25 +28,36 @@ Not guaranteed:
 
 * This is not a true security boundary against kernel exploits, a
   misconfigured host or a hostile bwrap binary; it keeps a confused or
-  careless model from damaging the host and from reaching the network.
+  careless model from damaging the host, reading its secrets and reaching
+  the network.
 * When the backend runs as root, the command runs as host uid 0 (without
-  capabilities, in a user namespace). Whatever host uid 0 may open through a
-  writable mount or a filesystem Unix socket outside the hidden paths is
-  reachable (the network namespace does not cover filesystem sockets). Run
-  the backend as an unprivileged user for a stronger boundary.
-* Everything outside the workspace is *readable* (minus hidden paths):
-  do not put secrets on the host filesystem where the sandbox can read them.
-* No disk quota: a command can fill the workspace's filesystem. No CPU quota
-  beyond the timeout.
+  capabilities, in a user namespace). It can open what host uid 0 may open
+  *through the visible paths*: world-readable files, plus anything an
+  ``extra_ro`` directory holds (those are not scanned for secrets).
+* The disk cap is not a quota: a command is not stopped when the workspace
+  passes ``disk_bytes``; it can write up to ``file_bytes`` into each of many
+  files until it ends or times out, and the call is then reported as failed
+  (the files stay: the model is told to delete them). ``/tmp`` is bounded by
+  the memory limit only.
+* No CPU quota beyond the timeout.
+* Host paths can still be learnt from ``/proc/self/mountinfo``; timestamps,
+  inode numbers and ``/etc`` differ between hosts (see :mod:`tools.bwrap`).
 * Without writable cgroups, memory falls back to ``ulimit -v`` (address
   space, which breaks some runtimes that reserve large virtual ranges) and
   the number of processes is not capped; ``enforced`` on the result says so.
 * Output beyond ``SandboxLimits.kill_output_bytes`` (1 GiB by default) kills
   the command; below that, everything is read and only head and tail kept.
+* :class:`UnsandboxedRunner` (``--unsafe-no-sandbox``) guarantees none of the
+  isolation above, and commands see the workspace at its *host* path, so
+  their output differs between copies of a workspace (replay and RL compare
+  outputs that differ by path). It keeps the timeout, the output cap, the
+  per-file and total disk caps and, where cgroups are writable, memory and
+  process limits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shlex
@@ -50,12 +68,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol, runtime_checkable
 
+from tools.argv import check_arg
+from tools.bwrap import DEFAULT_VISIBLE, SCANNED, command_argv, isolation_args, unreadable_entries
 from tools.cgroups import CgroupGroup, CgroupV1
+from tools.disk_usage import tree_usage
 from tools.supervisor import supervise
 
 log = logging.getLogger(__name__)
 
-UNSAFE_ENV_VAR = "FLYWHEEL_UNSAFE_NO_SANDBOX"
+EXTRA_RO_ENV_VAR = "FLYWHEEL_SANDBOX_EXTRA_RO"
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _LAUNCHER_FAILED = 125
 _warned: set[str] = set()
@@ -69,19 +90,31 @@ class SandboxUnavailable(RuntimeError):
 @dataclass(slots=True)
 class SandboxLimits:
     """Per-command limits. ``output_bytes`` is what is *kept* (head + tail);
-    ``kill_output_bytes`` (None: never) kills a command that prints more."""
+    ``kill_output_bytes`` (None: never) kills a command that prints more.
+
+    ``file_bytes`` (None: no cap) is the largest file a command may write
+    (``RLIMIT_FSIZE``, rounded down to 512 bytes: a write past it fails with
+    EFBIG / "File size limit exceeded"). ``disk_bytes`` (None: not checked)
+    caps the workspace's total allocated size, checked after the command.
+    """
 
     timeout_s: float = 60.0
     memory_bytes: int = 1 << 30
     max_pids: int = 256
     output_bytes: int = 64 << 10
     kill_output_bytes: int | None = 1 << 30
+    file_bytes: int | None = 256 << 20
+    disk_bytes: int | None = 2 << 30
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.memory_bytes <= 0 or self.max_pids <= 0:
             raise ValueError(f"limits must be positive: {self}")
         if self.output_bytes < 0 or (self.kill_output_bytes or 0) < 0:
             raise ValueError(f"output limits must not be negative: {self}")
+        if (self.file_bytes is not None and self.file_bytes < 512) or (
+            self.disk_bytes is not None and self.disk_bytes <= 0
+        ):
+            raise ValueError(f"file_bytes must be at least 512 and disk_bytes positive: {self}")
 
 
 @dataclass(slots=True)
@@ -92,6 +125,9 @@ class CommandResult:
     ``signal`` is set). Inside bwrap a command that dies of signal N is seen as
     exit code 128+N, which is how bwrap reports it. ``oom_killed`` is best
     effort. ``enforced`` names the mechanism behind each limit, or ``"none"``.
+    ``workspace_bytes`` is the workspace's allocated size after the command
+    (None when ``disk_bytes`` is not set); ``disk_limit_hit`` says it is over
+    ``disk_bytes``.
     """
 
     exit_code: int | None
@@ -104,11 +140,17 @@ class CommandResult:
     output_bytes_total: int
     enforced: dict[str, str] = field(default_factory=dict)
     output_limit_hit: bool = False
+    workspace_bytes: int | None = None
+    disk_limit_hit: bool = False
 
 
 @runtime_checkable
 class Sandbox(Protocol):
-    """Runs one shell command with ``cwd`` (the workspace root) writable."""
+    """Runs one shell command with ``cwd`` (the workspace root) writable.
+
+    Raises :class:`tools.argv.ArgvError` (a ValueError) for a command that
+    cannot be passed to a program (a NUL byte, over 128 KiB).
+    """
 
     async def run(
         self, command: str, cwd: Path, limits: SandboxLimits | None = None
@@ -146,6 +188,7 @@ class _CgroupRunner:
         self, command: str, cwd: Path, limits: SandboxLimits | None = None
     ) -> CommandResult:
         limits = limits or SandboxLimits()
+        check_arg("command", command)
         cwd = Path(os.path.realpath(cwd))
         if not cwd.is_dir():
             raise NotADirectoryError(f"workspace root is not a directory: {cwd}")
@@ -168,6 +211,9 @@ class _CgroupRunner:
         finally:
             group.kill_sync()
             group.remove()
+        usage = None
+        if limits.disk_bytes is not None:
+            usage = (await asyncio.to_thread(tree_usage, cwd)).bytes
         rc = sup.returncode
         return CommandResult(
             exit_code=rc if rc is not None and rc >= 0 else None,
@@ -180,6 +226,8 @@ class _CgroupRunner:
             output_bytes_total=sup.output.total,
             enforced=enforced,
             output_limit_hit=sup.output_limit_hit,
+            workspace_bytes=usage,
+            disk_limit_hit=usage is not None and limits.disk_bytes is not None and usage > limits.disk_bytes,
         )
 
     def _launcher(
@@ -191,6 +239,11 @@ class _CgroupRunner:
             for p in group.procs_files()
         ]
         enforced["timeout"] = "kill process tree"
+        if limits.file_bytes is not None:
+            # POSIX sh counts ulimit -f in 512-byte blocks (bash does so only as sh).
+            steps.append(f"ulimit -f {limits.file_bytes // 512} || exit {_LAUNCHER_FAILED}")
+            enforced["file_size"] = "rlimit-fsize"
+        enforced["disk"] = "checked after command" if limits.disk_bytes is not None else "none"
         enforced["pids"] = group.enforced.get("pids", "none")
         enforced["memory"] = group.enforced.get("memory", "none")
         if enforced["pids"] == "none":
@@ -204,36 +257,16 @@ class _CgroupRunner:
         return ["/bin/sh", "-c", script, "flywheel-launch"]
 
 
-DEFAULT_HIDDEN: tuple[Path, ...] = (Path("/run"),)
-"""Hidden unless the caller says otherwise: where services put their sockets."""
-
-
-def _isolation_args(bwrap: str) -> list[str]:
-    """The bwrap flags every sandbox gets, before any workspace-specific mount."""
-    args = [bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-    args += ["--remount-ro", "/proc", "--tmpfs", "/tmp"]
-    args += ["--unshare-all", "--die-with-parent", "--new-session"]
-    if os.geteuid() == 0:  # as root, bwrap would keep every capability
-        args += ["--cap-drop", "ALL"]
-    return args
-
-
-def _cover(path: Path) -> list[str]:
-    """Hide a directory behind an empty tmpfs, anything else behind /dev/null."""
-    if path.is_dir():
-        return ["--tmpfs", str(path)]
-    return ["--ro-bind", "/dev/null", str(path)]
-
-
 class BubblewrapSandbox(_CgroupRunner):
     """Commands in bubblewrap (see the module docstring for what that holds).
 
-    ``hide``: host directories replaced by an empty tmpfs inside the sandbox
-    (files: by an empty read-only file), e.g. the workspace store root so
-    sibling workspaces are invisible; they come on top of ``hide_defaults``. The workspace itself stays visible even
-    when it lies beneath a hidden directory; a hidden directory *inside* the
-    workspace is covered after the workspace is bound. Paths that do not
-    exist on the host are skipped.
+    ``visible``: host paths readable inside, at their own paths (default
+    :data:`tools.bwrap.DEFAULT_VISIBLE`); ``extra_ro``: more of them, e.g. a
+    toolchain directory. ``hide``: host paths covered by an empty, unopenable
+    file or directory where they would otherwise be visible (beneath a
+    visible path, or beneath the workspace); paths elsewhere are not visible
+    in the first place. Entries of ``/etc`` that other users may not read are
+    hidden too (scanned once, here).
     """
 
     _isolation: ClassVar[dict[str, str]] = {"filesystem": "bwrap", "network": "bwrap"}
@@ -244,44 +277,38 @@ class BubblewrapSandbox(_CgroupRunner):
         *,
         bwrap: str = "bwrap",
         hide: Sequence[Path] = (),
-        hide_defaults: Sequence[Path] = DEFAULT_HIDDEN,
+        visible: Sequence[Path] = DEFAULT_VISIBLE,
+        extra_ro: Sequence[Path] = (),
         cgroups: CgroupV1 | None = None,
         kill_grace_s: float = 1.0,
         env: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(cgroups, kill_grace_s)
         self.bwrap = shutil.which(bwrap) or bwrap
-        hidden = {Path(os.path.realpath(h)) for h in (*hide_defaults, *hide)}
-        self.hide = tuple(sorted(hidden, key=lambda p: (len(p.parts), str(p))))
+        self.visible = (*visible, *(Path(p) for p in extra_ro))
+        scanned = [e for root in SCANNED if any(root == v for v in visible) for e in unreadable_entries(root)]
+        covered = sorted({Path(os.path.realpath(h)) for h in hide} | set(scanned), key=lambda p: (len(p.parts), str(p)))
+        # A path beneath one already covered no longer exists inside: covering it would fail.
+        self.hide = tuple(h for h in covered if not any(h != c and h.is_relative_to(c) for c in covered))
         # No .pyc files in the workspace: they would clutter every diff.
         self.env = {"PATH": SAFE_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
 
     def _argv(self, command: str, cwd: Path) -> list[str]:
-        if cwd == Path("/"):
-            raise ValueError("refusing to make the whole filesystem writable (cwd is /)")
-        w = str(cwd)
-        existing = [h for h in self.hide if h.exists() and h != cwd]
-        argv = _isolation_args(self.bwrap)
-        for h in existing:
-            if not h.is_relative_to(cwd):
-                argv += _cover(h)
-        argv += ["--bind", w, w]
-        for h in existing:
-            if h.is_relative_to(cwd):
-                argv += _cover(h)
-        argv += ["--chdir", w, "--clearenv"]
-        for key, value in self.env.items():
-            argv += ["--setenv", key, value]
-        return [*argv, "--", self.shell, "-c", command]
+        return command_argv(bwrap=self.bwrap, workspace=cwd, visible=self.visible, covered=self.hide,
+                            env=self.env, argv=[self.shell, "-c", command])
 
 
 class UnsandboxedRunner(_CgroupRunner):
     """Plain subprocess in ``cwd``: NO filesystem or network isolation.
 
     For operators who explicitly opt out (no bubblewrap on the host). It keeps
-    the timeout, the output cap and, where cgroups are writable, the memory and
-    process limits and the tree kill; the command inherits this process's
-    environment and can read and write anything this user can.
+    the timeout, the output cap, the per-file and total disk caps and, where
+    cgroups are writable, the memory and process limits and the tree kill; the
+    command inherits this process's environment and can read and write
+    anything this user can. Not guaranteed: host-independent output. The
+    command runs at the workspace's host path (there is no ``/workspace``),
+    so ``pwd``, tracebacks and anything printing a path differ between two
+    copies of a workspace.
     """
 
     _isolation: ClassVar[dict[str, str]] = {"filesystem": "none", "network": "none"}
@@ -312,7 +339,7 @@ def probe_bwrap(bwrap: str = "bwrap") -> str | None:
         reason = f"{bwrap!r} not found"
     else:
         try:
-            argv = [*_isolation_args(path), "--", "true"]
+            argv = [*isolation_args(path, DEFAULT_VISIBLE), "--", "true"]
             proc = subprocess.run(argv, capture_output=True, timeout=10)
             if proc.returncode != 0:
                 err = proc.stderr.decode(errors="replace").strip()
@@ -329,17 +356,23 @@ def make_sandbox(
     hide: Sequence[Path] = (),
     bwrap: str = "bwrap",
     environ: Mapping[str, str] | None = None,
+    extra_ro: Sequence[Path] = (),
 ) -> Sandbox:
     """The sandbox to use: bubblewrap if it works here, else refuse (fail closed).
 
-    ``allow_unsandboxed`` (or ``FLYWHEEL_UNSAFE_NO_SANDBOX=1`` in ``environ``,
-    default ``os.environ``) turns the refusal into an :class:`UnsandboxedRunner`.
+    ``allow_unsandboxed`` turns the refusal into an :class:`UnsandboxedRunner`; the
+    caller decides it (``backend.settings.LocalSettings.unsafe_no_sandbox``, read from
+    ``FLYWHEEL_UNSAFE_NO_SANDBOX``): this module does not read that variable.
+    ``extra_ro`` plus the colon-separated directories in
+    ``FLYWHEEL_SANDBOX_EXTRA_RO`` are made readable inside the sandbox (e.g. a
+    Python installation with pytest; commands find only ``/usr/bin/python3``
+    otherwise). They are not scanned for secrets: name only toolchains.
     """
     environ = os.environ if environ is None else environ
-    allow_unsandboxed = allow_unsandboxed or environ.get(UNSAFE_ENV_VAR) == "1"
+    extra = [*extra_ro, *(Path(p) for p in environ.get(EXTRA_RO_ENV_VAR, "").split(":") if p)]
     reason = probe_bwrap(bwrap)
     if reason is None:
-        return BubblewrapSandbox(bwrap=bwrap, hide=hide)
+        return BubblewrapSandbox(bwrap=bwrap, hide=hide, extra_ro=extra)
     if not allow_unsandboxed:
         raise SandboxUnavailable(
             "bubblewrap (bwrap) is not available: apt-get install bubblewrap, or start with "

@@ -9,7 +9,10 @@ from typing import Any, cast
 
 import pytest
 
+from agent.calls import ToolCall
+from agent.executor import Executor
 from tools.base import WHOLE_TREE, ParamType, Resources, Tool, ToolContext, ToolError
+from tools.registry import default_tools
 from tools.run_command import RunCommand
 from tools.sandbox import BubblewrapSandbox, CommandResult, SandboxLimits, probe_bwrap
 
@@ -60,9 +63,22 @@ def test_spec_and_resources() -> None:
     command, timeout = tool.spec.param("command"), tool.spec.param("timeout")
     assert command is not None and command.type is ParamType.TEXT and command.required
     assert timeout is not None and timeout.type is ParamType.INTEGER and not timeout.required
-    for phrase in ("no network", "read-only", "/tmp", "fresh shell"):
+    for phrase in ("no network", "read-only", "/tmp", "fresh shell", "/workspace", "same time"):
         assert phrase in tool.spec.description
-    assert tool.resources({"command": "ls"}) == Resources(writes=frozenset({WHOLE_TREE}))
+    res = tool.resources({"command": "ls"})
+    assert res == Resources(reads=frozenset({WHOLE_TREE}), process_writes=frozenset({WHOLE_TREE}))
+
+
+def test_commands_conflict_only_with_file_edits() -> None:
+    command = RunCommand().resources({"command": "ls"})
+    edit = Resources(writes=frozenset({"a.py"}))
+    read = Resources(reads=frozenset({"a.py"}))
+    search = Resources(reads=frozenset({WHOLE_TREE}))
+    assert not command.conflicts_with(command)
+    assert not command.conflicts_with(read) and not read.conflicts_with(command)
+    assert not command.conflicts_with(search) and not search.conflicts_with(command)
+    assert command.conflicts_with(edit) and edit.conflicts_with(command)
+    assert command.may_write_anywhere and not edit.may_write_anywhere
 
 
 @needs_bwrap
@@ -141,13 +157,88 @@ async def test_no_sandbox_means_commands_are_disabled(tmp_path: Path) -> None:
 
 @needs_bwrap
 async def test_real_workspace_with_store_hidden(store: Any, workspace: Any, outside: Path) -> None:
-    """Through a real Workspace: files persist, the store's other contents stay invisible."""
+    """Through a real Workspace: files persist, the store and its other workspaces do not exist."""
     sibling = store.from_dir(outside)
     ctx = ToolContext(workspace=workspace, sandbox=BubblewrapSandbox(hide=[store.root]))
     listing = await RunCommand().run({"command": f"echo made > made.txt; ls -A {store.root}"}, ctx)
     assert (workspace.root / "made.txt").read_text() == "made\n"
-    assert listing.output.partition("\n")[2].split() == ["ws"]  # no blobs, no snapshots
-    listing = await RunCommand().run({"command": f"ls -A {store.root}/ws"}, ctx)
-    assert listing.output.partition("\n")[2].split() == [workspace.root.parent.name]
+    assert not listing.ok and "No such file or directory" in listing.output
     peek = await RunCommand().run({"command": f"cat {sibling.root}/canary.txt"}, ctx)
     assert not peek.ok and "CANARY" not in peek.output
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [("echo a\x00b", "NUL byte"), ("echo " + "x" * (130 << 10), "over the 131071-byte limit")],
+)
+async def test_unpassable_command_is_refused_clearly(tmp_path: Path, command: str, message: str) -> None:
+    # Before: "internal error in run_command: ValueError: embedded null byte" / OSError E2BIG.
+    with pytest.raises(ToolError, match=message):
+        await RunCommand().run({"command": command}, _ctx(tmp_path, BubblewrapSandbox()))
+
+
+@needs_bwrap
+async def test_file_size_is_capped(sandboxed: ToolContext, tmp_path: Path) -> None:
+    tool = RunCommand(limits=SandboxLimits(file_bytes=64 << 10))
+    result = await tool.run({"command": "head -c 1000000 /dev/zero > big; truncate -s 8G sparse"}, sandboxed)
+    assert not result.ok
+    assert (tmp_path / "big").stat().st_size <= 64 << 10
+    assert not (tmp_path / "sparse").exists() or (tmp_path / "sparse").stat().st_size <= 64 << 10
+
+
+@needs_bwrap
+async def test_workspace_over_its_disk_cap_fails_the_call(sandboxed: ToolContext) -> None:
+    tool = RunCommand(limits=SandboxLimits(disk_bytes=1 << 20, file_bytes=1 << 20))
+    fill = "for i in 1 2 3; do head -c 600000 /dev/urandom > f$i; done"
+    result = await tool.run({"command": fill}, sandboxed)
+    assert not result.ok and result.data["disk_limit_hit"]
+    assert result.data["workspace_bytes"] > 1 << 20
+    assert "over its disk cap" in result.output.partition("\n")[0]
+    cleaned = await tool.run({"command": "rm f1 f2 f3"}, sandboxed)
+    assert cleaned.ok and not cleaned.data["disk_limit_hit"]
+
+
+def _step_executor(root: Path) -> tuple[Executor, ToolContext]:
+    from tools.workspace import WorkspaceStore
+
+    src = root / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("before\n")
+    ws = WorkspaceStore(root / "store").from_dir(src)
+    ctx = ToolContext(workspace=ws, sandbox=BubblewrapSandbox(kill_grace_s=0.3))
+    tools = {t.spec.name: t for t in default_tools()}
+    return Executor(tools, ctx), ctx
+
+
+@needs_bwrap
+async def test_commands_of_one_step_run_concurrently(tmp_path: Path) -> None:
+    ex, _ = _step_executor(tmp_path)
+    for i in range(3):
+        ex.submit(ToolCall(i, f"c{i}", "run_command", {"command": "sleep 1"}))
+    outcomes = await ex.results()
+    assert all(o.result.ok for o in outcomes)
+    # Overlap, not a wall-clock bound: every command started before any finished.
+    assert max(o.started_at for o in outcomes) < min(o.finished_at for o in outcomes)
+
+
+@needs_bwrap
+async def test_searches_run_alongside_a_command(tmp_path: Path) -> None:
+    ex, _ = _step_executor(tmp_path)
+    ex.submit(ToolCall(0, "c0", "run_command", {"command": "sleep 1"}))
+    ex.submit(ToolCall(1, "c1", "grep", {"pattern": "before"}))
+    ex.submit(ToolCall(2, "c2", "read_file", {"path": "a.txt"}))
+    command, search, read = await ex.results()
+    assert search.result.ok and read.result.ok
+    assert search.finished_at < command.finished_at and read.finished_at < command.finished_at
+
+
+@needs_bwrap
+async def test_edits_and_commands_keep_call_order(tmp_path: Path) -> None:
+    ex, ctx = _step_executor(tmp_path)
+    ex.submit(ToolCall(0, "c0", "write_file", {"path": "a.txt", "content": "edited\n"}))
+    ex.submit(ToolCall(1, "c1", "run_command", {"command": "sleep 0.3; cat a.txt; echo cmd > a.txt"}))
+    ex.submit(ToolCall(2, "c2", "write_file", {"path": "a.txt", "content": "last\n"}))
+    first, command, last = await ex.results()
+    assert command.result.output.partition("\n")[2] == "edited\n"  # saw the earlier edit
+    assert first.finished_at <= command.started_at and command.finished_at <= last.started_at
+    assert (ctx.workspace.root / "a.txt").read_text() == "last\n"  # the later edit came after
