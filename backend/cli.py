@@ -165,6 +165,9 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--log-every", type=int, default=10, help="print a line every N steps (default 10)")
     t.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (default: at the end)")
     t.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")
+    t.add_argument("--prompt-profile", metavar="NAME",
+                   help="prompt profile stored with the checkpoint and used for its training transcripts: "
+                   "compact or default (default: compact for tiny and small, default for 1b)")
 
     def run(args: argparse.Namespace) -> int:
         from agent.model.train import run_cli

@@ -9,7 +9,9 @@ Sources:
 * ``transcripts`` — conversations rendered with the production template
   (``agent.prompt.render_prompt``), whose assistant turns call the real tools
   in the real wire format (``agent.parser.encode_call``) and whose tool turns
-  are rendered by ``agent.calls.render_results``. The tool outputs imitate the
+  are rendered by ``agent.calls.render_results``, with the prompt profile
+  the checkpoint will be served with (``Corpus.prompt_profile``, a name in
+  ``agent.prompt.PROFILES``). The tool outputs imitate the
   tools' formats (``read_file`` output is produced by the tool's own renderer);
   they are synthetic, not recorded runs: the point is that the model sees the
   format, not that the stories are true.
@@ -92,6 +94,7 @@ class Corpus:
     train: list[Document] = field(default_factory=list)
     val: list[Document] = field(default_factory=list)
     transcript_seed: int = 0
+    prompt_profile: str = "default"  # transcripts are rendered with this profile (agent.prompt.PROFILES)
 
     def documents(self, split: str) -> list[Document]:
         if split not in ("train", "val"):
@@ -110,7 +113,8 @@ class Corpus:
 
     def read(self, doc: Document) -> str | None:
         if doc.path is None:
-            return transcript(int(doc.key.rsplit("/", 1)[1]), self._code_for_transcripts(), self.transcript_seed)
+            return transcript(int(doc.key.rsplit("/", 1)[1]), self._code_for_transcripts(), self.transcript_seed,
+                              profile=self.prompt_profile)
         try:
             return doc.path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
@@ -122,6 +126,8 @@ class Corpus:
     @property
     def fingerprint(self) -> str:
         h = hashlib.sha1()
+        if any(d.path is None for d in self.train + self.val):  # transcripts depend on the profile
+            h.update(f"profile:{self.prompt_profile}\n".encode())
         for d in self.train + self.val:
             h.update(f"{d.key}:{d.size}\n".encode())
         return h.hexdigest()[:16]
@@ -136,10 +142,14 @@ class Corpus:
 
 def build_corpus(*, max_bytes: int = 64 << 20, max_file_bytes: int = 256 << 10, val_fraction: float = 0.02,
                  n_transcripts: int = 300, seed: int = 0,
-                 roots: list[tuple[str, Path]] | None = None) -> Corpus:
+                 roots: list[tuple[str, Path]] | None = None, prompt_profile: str = "default") -> Corpus:
     """Select documents (in hash order, until ``max_bytes``) and split them by key hash.
 
-    Transcripts come first but take at most ``TRANSCRIPT_SHARE`` of the cap."""
+    Transcripts come first but take at most ``TRANSCRIPT_SHARE`` of the cap;
+    they are rendered with ``prompt_profile`` (raises ``KeyError`` if unknown)."""
+    from agent.prompt import profile_named
+
+    profile_named(prompt_profile)
     code = sorted(list_code_files(roots or code_roots(), max_file_bytes), key=lambda d: (_hash(d.key), d.key))
     n_transcripts = min(n_transcripts, int(max_bytes * TRANSCRIPT_SHARE) // TRANSCRIPT_BYTES)
     docs = [Document(f"transcripts/{i:05d}", TRANSCRIPT_BYTES) for i in range(n_transcripts)]
@@ -151,7 +161,7 @@ def build_corpus(*, max_bytes: int = 64 << 20, max_file_bytes: int = 256 << 10, 
         budget -= d.size
     docs.sort(key=lambda d: (_hash(d.key), d.key))
     threshold = int(val_fraction * 2**64)
-    corpus = Corpus(transcript_seed=seed)
+    corpus = Corpus(transcript_seed=seed, prompt_profile=prompt_profile)
     for d in docs:
         (corpus.val if _hash("split:" + d.key) < threshold else corpus.train).append(d)
     return corpus
@@ -177,11 +187,12 @@ def _functions(text: str) -> list[tuple[str, int, str]]:
     return [(m.group(2), text.count("\n", 0, m.start()) + 1, m.group(1)) for m in _DEF.finditer(text)]
 
 
-def transcript(index: int, code: list[Document], seed: int = 0) -> str:
-    """The ``index``-th synthetic conversation, rendered with the production template."""
+def transcript(index: int, code: list[Document], seed: int = 0, *, profile: str = "default") -> str:
+    """The ``index``-th synthetic conversation, rendered with the production template
+    and the prompt profile named ``profile``."""
     from agent.calls import render_results
     from agent.parser import encode_call
-    from agent.prompt import CHAT_TEMPLATE, Message, render_prompt
+    from agent.prompt import CHAT_TEMPLATE, Message, profile_named, render_prompt
     from tools.base import ToolResult
     from tools.read_file import _render as render_read
     from tools.registry import default_tools
@@ -247,5 +258,5 @@ def transcript(index: int, code: list[Document], seed: int = 0) -> str:
         answer = "Wrote NOTES.md with a summary."
     conv.append(Message("assistant", answer))
     specs = [t.spec for t in default_tools(commands=kind == "test" or rng.random() < 0.5)]
-    rendered = render_prompt(conv, specs).text
+    rendered = render_prompt(conv, specs, profile=profile_named(profile)).text
     return rendered.removesuffix(CHAT_TEMPLATE.assistant)  # drop the generation prompt: the answer is there

@@ -14,6 +14,12 @@ order).
 
 Memory is bounded: the loader holds one chunk of documents, one token buffer
 and a pool of ``pool`` windows — never the corpus.
+
+Prompt profile: the checkpoint records the :class:`agent.prompt.PromptProfile`
+it is served with, and the corpus's tool-call transcripts are rendered with
+that same profile. By default small presets (tiny, small: 1,024-token
+contexts) get ``compact`` and larger ones ``default``
+(:data:`DEFAULT_PROFILE_FOR`); ``--prompt-profile`` overrides.
 """
 
 from __future__ import annotations
@@ -41,9 +47,11 @@ from agent.model.numerics import KernelsUnavailable
 from agent.model.tokenizer import FILENAME as TOKENIZER_FILE
 from agent.model.tokenizer import Tokenizer, train_tokenizer
 from agent.model.transformer import MoETransformer
-
+from agent.prompt import PromptProfile, profile_named
 
 DEFAULT_LR = {"tiny": 3e-3, "small": 1e-3, "1b": 3e-4}  # AdamW peak lr; small is unstable at 3e-3
+# the full prompt (~1,700 tokens with the default tools) does not fit a 1,024-token context
+DEFAULT_PROFILE_FOR = {"tiny": "compact", "small": "compact", "1b": "default"}
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,12 @@ class TrainConfig:
     tokenizer_bytes: int = 8 << 20  # how much of the corpus the tokenizer is trained on
     model_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"n_layers": 1} (tests, benchmarks)
     device: str = "cpu"  # "cuda" moves model and batches (not exercised in this repo's tests: no GPU there)
+    prompt_profile: str | None = None  # None: the preset's (DEFAULT_PROFILE_FOR)
+
+    @property
+    def profile(self) -> PromptProfile:
+        """The prompt profile stored with the checkpoint (``KeyError`` naming the known ones)."""
+        return profile_named(self.prompt_profile or DEFAULT_PROFILE_FOR.get(self.preset, "default"))
 
 
 @dataclass
@@ -199,11 +213,21 @@ def make_optimizer(model: MoETransformer, tc: TrainConfig) -> torch.optim.AdamW:
 
 def train(tc: TrainConfig, *, corpus: Corpus | None = None, tokenizer: Tokenizer | None = None,
           log: TextIO = sys.stdout, save: bool = True) -> TrainResult:
-    tc.out.mkdir(parents=True, exist_ok=True)
+    """Train and (with ``save``) write the checkpoint. A ``corpus`` passed in must
+    render its transcripts with ``tc.profile`` (``ValueError`` otherwise)."""
+    try:
+        profile = tc.profile
+    except KeyError as exc:
+        raise ValueError(f"--prompt-profile: {exc.args[0]}") from None
     base = ModelConfig.preset(tc.preset, precision=tc.precision, **tc.model_overrides)
     if tc.seq_len > base.max_seq_len:
         raise ValueError(f"--seq-len {tc.seq_len} exceeds the {tc.preset} preset's max_seq_len {base.max_seq_len}")
-    corpus = corpus or build_corpus(max_bytes=tc.corpus_bytes, seed=tc.seed)
+    if corpus is not None and corpus.prompt_profile != profile.name and (corpus.train or corpus.val):
+        if any(d.path is None for d in corpus.train + corpus.val):
+            raise ValueError(f"the corpus renders transcripts with prompt profile {corpus.prompt_profile!r} but the "
+                             f"checkpoint will be served with {profile.name!r}: build it with that profile")
+    tc.out.mkdir(parents=True, exist_ok=True)
+    corpus = corpus or build_corpus(max_bytes=tc.corpus_bytes, seed=tc.seed, prompt_profile=profile.name)
     tok = tokenizer or get_tokenizer(tc, corpus, base.vocab_size, log)
     cfg = replace(base, vocab_size=tok.vocab_size)
 
@@ -212,7 +236,8 @@ def train(tc: TrainConfig, *, corpus: Corpus | None = None, tokenizer: Tokenizer
     model.train()
     opt = make_optimizer(model, tc)
     print(f"model: {tc.preset} {cfg.precision}, {model.num_params() / 1e6:.2f}M params "
-          f"({model.num_params(active=True) / 1e6:.2f}M active), corpus {corpus.summary()}", file=log)
+          f"({model.num_params(active=True) / 1e6:.2f}M active), context {cfg.max_seq_len}, prompt profile "
+          f"{profile.name!r}, corpus {corpus.summary()}", file=log)
 
     val = [b.to(tc.device) for b in itertools.islice(
         TokenBatches(corpus, "val", tok, tc.batch, tc.seq_len, shuffle=False), tc.eval_batches)]
@@ -264,7 +289,7 @@ def train(tc: TrainConfig, *, corpus: Corpus | None = None, tokenizer: Tokenizer
         save_checkpoint(tc.out, model, tok, step=tc.steps, extra={
             "train": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(tc).items()},
             "peak_lr": peak_lr(tc), "val_loss": val_loss, "corpus": corpus.fingerprint,
-        })
+        }, profile=profile)
         print(f"checkpoint written to {tc.out}", file=log)
     return TrainResult(model, tok, losses, val_loss, tokens / max(train_time, 1e-9), tc.out)
 
@@ -284,6 +309,7 @@ def run_cli(args: argparse.Namespace) -> int:
         batch=args.batch, seed=args.seed, lr=args.lr, tokenizer_dir=args.tokenizer,
         corpus_bytes=int(args.corpus_mb * (1 << 20)), log_every=args.log_every, eval_every=args.eval_every,
         device=args.device, model_overrides={"mxfp8_scope": args.mxfp8_scope},
+        prompt_profile=getattr(args, "prompt_profile", None),
     )
     try:
         train(tc)

@@ -10,7 +10,8 @@ from agent.model.tokenizer import Tokenizer, train_tokenizer
 
 @pytest.fixture(scope="session")
 def small_corpus() -> Corpus:
-    return build_corpus(max_bytes=1 << 20, n_transcripts=24, val_fraction=0.05)
+    # transcripts rendered with the profile the tiny preset's checkpoints are served with
+    return build_corpus(max_bytes=1 << 20, n_transcripts=24, val_fraction=0.05, prompt_profile="compact")
 
 
 @pytest.fixture(scope="session")
