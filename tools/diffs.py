@@ -4,7 +4,10 @@ The output is close to ``git diff``'s: ``new file mode`` / ``deleted file
 mode`` / ``old mode``/``new mode`` lines, ``/dev/null`` for the missing side,
 ``\\ No newline at end of file`` markers, ``Binary files a/x and b/x differ``
 for binaries, and symlinks shown as a one-line file holding their target
-(mode 120000). Not guaranteed: no ``index`` lines, no rename detection, paths
+(mode 120000). Files larger than :data:`MAX_DIFF_FILE_BYTES` are not read:
+:func:`large_file_diff` gives the header and a one-line "large file, not
+shown" note with both sizes. Paths are shown with :func:`tools.paths.display_path`
+(non-UTF-8 bytes as ``\\xHH``), so a diff is always valid UTF-8. Not guaranteed: no ``index`` lines, no rename detection, paths
 with spaces or control characters are not quoted the way git quotes them,
 and hunks may differ from git's (difflib's matcher is not Myers').
 """
@@ -15,11 +18,15 @@ import difflib
 import enum
 from dataclasses import dataclass
 
+from tools.paths import display_path
+
 MODE_FILE = 0o100644
 MODE_EXEC = 0o100755
 MODE_LINK = 0o120000
 BINARY_SNIFF_BYTES = 8192
 CONTEXT_LINES = 3
+MAX_DIFF_FILE_BYTES = 1 << 20
+"""Largest file (either side) whose content a diff shows; larger ones get a one-line note."""
 
 
 class ChangeKind(enum.StrEnum):
@@ -30,7 +37,7 @@ class ChangeKind(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class ChangeEntry:
-    """One path that differs between two states of a workspace."""
+    """One path that differs between two states of a workspace (``path`` as :func:`display_path` shows it)."""
 
     path: str
     kind: ChangeKind
@@ -72,13 +79,8 @@ def unified_diff(
         return ""
     if old == new and (old_mode == new_mode or old is None):
         return ""
-    out = [f"diff --git a/{path} b/{path}\n"]
-    if old is None:
-        out.append(f"new file mode {new_mode:o}\n")
-    elif new is None:
-        out.append(f"deleted file mode {old_mode:o}\n")
-    elif old_mode != new_mode:
-        out.append(f"old mode {old_mode:o}\nnew mode {new_mode:o}\n")
+    path = display_path(path)
+    out = _header(path, old is not None, new is not None, old_mode, new_mode)
     if old == new:
         return "".join(out)
     a_name = "/dev/null" if old is None else f"a/{path}"
@@ -96,4 +98,27 @@ def unified_diff(
         out.append(line)
         if not line.endswith("\n"):
             out.append("\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def _header(path: str, has_old: bool, has_new: bool, old_mode: int, new_mode: int) -> list[str]:
+    out = [f"diff --git a/{path} b/{path}\n"]
+    if not has_old:
+        out.append(f"new file mode {new_mode:o}\n")
+    elif not has_new:
+        out.append(f"deleted file mode {old_mode:o}\n")
+    elif old_mode != new_mode:
+        out.append(f"old mode {old_mode:o}\nnew mode {new_mode:o}\n")
+    return out
+
+
+def large_file_diff(
+    path: str, old_size: int | None, new_size: int | None, *, old_mode: int = MODE_FILE, new_mode: int = MODE_FILE,
+) -> str:
+    """The diff of a file too large to show (``None``: that side does not exist): header and a note."""
+    path = display_path(path)
+    out = _header(path, old_size is not None, new_size is not None, old_mode, new_mode)
+    sizes = " -> ".join(f"{n} bytes" if n is not None else "none" for n in (old_size, new_size))
+    out.append(f"Large file a/{path} and b/{path} differ ({sizes}); not shown: diffs show files up to "
+               f"{MAX_DIFF_FILE_BYTES >> 20} MiB\n")
     return "".join(out)

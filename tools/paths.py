@@ -33,6 +33,7 @@ import errno
 import os
 import platform
 import posixpath
+import re
 import secrets
 import stat
 from dataclasses import dataclass
@@ -100,6 +101,46 @@ def normalize(rel: str) -> str:
     if norm == ".." or norm.startswith("../"):
         raise PathEscapeError(f"path {rel!r} escapes the workspace (too many '..' components)")
     return norm
+
+
+_ESCAPED_BYTE_RE = re.compile(r"\\x([89a-fA-F][0-9a-fA-F])")
+
+
+def display_path(path: str) -> str:
+    """``path`` as valid UTF-8 text for the model and for events.
+
+    A file name that is not valid UTF-8 reaches Python with each bad byte as a
+    surrogate escape (``os.fsdecode``); each becomes the four characters
+    ``\\xHH`` here, which :func:`unescape_path` maps back. Valid names are
+    returned unchanged.
+    """
+    if not any("\udc80" <= c <= "\udcff" for c in path):
+        return path
+    return "".join(f"\\x{ord(c) - 0xDC00:02x}" if "\udc80" <= c <= "\udcff" else c for c in path)
+
+
+def unescape_path(path: str) -> str:
+    """The inverse of :func:`display_path`: ``\\x80``-``\\xff`` escapes become raw bytes."""
+    return _ESCAPED_BYTE_RE.sub(lambda m: chr(0xDC00 + int(m.group(1), 16)), path)
+
+
+def fs_path(root: str | os.PathLike[str], rel: str) -> str:
+    """The file-system name for a model-supplied ``rel`` that may hold ``\\xHH`` escapes.
+
+    The literal name wins when it exists (backslashes are ordinary name
+    characters); otherwise the escapes name raw bytes, so a name shown by
+    :func:`display_path` can be passed back as shown. Not guaranteed: with
+    both a literal ``a\\xff`` and a raw-byte ``a<ff>`` present, the raw one
+    cannot be reached by this spelling.
+    """
+    raw = unescape_path(rel) if "\\x" in rel else rel
+    if raw == rel:
+        return rel
+    try:
+        os.close(open_beneath(root, rel, follow_final=False))
+        return rel
+    except PathError:
+        return raw
 
 
 def resource_key(rel: str) -> str:
@@ -261,7 +302,8 @@ def fd_relpath(root: str | os.PathLike[str], fd: int) -> str:
     if real == base:
         return "."
     if not real.startswith(base.rstrip("/") + "/"):
-        raise PathEscapeError(f"resolved path {real!r} is outside the workspace")
+        raise PathEscapeError("the path resolved to a place outside the workspace (it was moved or "
+                              "swapped while it was opened)")
     return real[len(base.rstrip("/")) + 1 :]
 
 

@@ -1,4 +1,4 @@
-"""Snapshots of a workspace tree: manifests, a content-addressed blob store, a safe walk.
+"""Snapshots of a workspace tree: manifests, a content-addressed blob store, exact restore.
 
 A snapshot records, per relative path, a regular file (sha256 of its bytes
 and the executable bit), a symlink (its target, verbatim) or a directory
@@ -6,10 +6,34 @@ and the executable bit), a symlink (its target, verbatim) or a directory
 manifest, so equal trees get equal ids. File bytes live once in a shared
 :class:`BlobStore` (``blobs/ab/cdef...``).
 
+Limits (snapshots are exact or they fail; nothing is silently omitted):
+
+* A regular file larger than ``max_file_bytes`` (default
+  :data:`MAX_SNAPSHOT_FILE_BYTES`, apparent size, holes included) makes
+  :func:`build_manifest` raise :class:`FileTooLargeError` before a byte of it
+  is read, so a ``truncate -s 8G`` file can neither exhaust memory nor fill
+  the store. Replay and RL forks rely on exact restores, and a snapshot that
+  left such a file out could not give one: a workspace holding such a file
+  cannot be created (``WorkspaceStore.from_dir`` says which file).
+* Files are hashed and stored streamed (1 MiB at a time) and sparse-aware:
+  holes are found with ``SEEK_DATA``/``SEEK_HOLE``, hashed as zeros without
+  being read, and stored as holes, so a blob takes the disk space of the
+  file's data, not of its apparent size.
+* Entries deeper than :data:`~tools.treewalk.MAX_TREE_DEPTH` levels or with
+  paths longer than :data:`~tools.treewalk.MAX_PATH_BYTES` bytes are refused
+  (:class:`TreeTooDeepError`); walks are iterative (no ``RecursionError``).
+
+Restore verifies every blob it is about to write against its sha256 *before*
+it changes the tree; a missing or corrupt blob fails with the file's path and
+the blob's id and leaves the tree untouched. A blob that changes on disk
+during the restore itself is still detected (each copy is hashed as it is
+written) but then the tree is left partly restored, and the error says so.
+
 Not captured (so not restored): special files (FIFOs, sockets, devices, which
 are skipped), ownership, timestamps, xattrs/ACLs, directory permissions, the
 permission bits other than "executable" (files come back 0644 or 0755), and
-hard links (each link becomes its own file).
+hard links (each link becomes its own file). Not guaranteed: a consistent
+snapshot of a tree that a running command is changing.
 """
 
 from __future__ import annotations
@@ -21,23 +45,59 @@ import os
 import posixpath
 import re
 import secrets
-import shutil
 import stat
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from tools.blobs import BlobStore, SnapshotError
 from tools.diffs import MODE_EXEC, MODE_FILE, MODE_LINK
-from tools.paths import O_PATH, open_beneath, write_bytes_beneath
+from tools.paths import O_PATH, display_path, open_beneath
+from tools.treewalk import (
+    OnLimit,
+    TreeItem,
+    TreeLimitError,
+    hash_fd,
+    open_item,
+    remove_tree,
+    scan_tree,
+    short_path,
+)
+
+__all__ = [
+    "BlobStore", "EntryKind", "FileTooLargeError", "ManifestEntry", "Snapshot", "SnapshotError",
+    "TreeTooDeepError", "build_manifest", "canonical_json", "file_entry", "restore_tree",
+]
 
 MANIFEST_VERSION = 1
+MAX_SNAPSHOT_FILE_BYTES = 256 << 20
+"""Largest regular file (apparent size) a snapshot holds by default."""
+SMALL_FILE_BYTES = 1 << 20
+"""Files up to this size are read in one piece; larger ones are streamed."""
 _SHA_RE = re.compile(r"[0-9a-f]{64}")
 
 
-class SnapshotError(Exception):
-    """A snapshot or blob is missing or corrupt."""
+class FileTooLargeError(SnapshotError):
+    """A regular file is larger than the snapshot limit."""
+
+    def __init__(self, path: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"file {display_path(short_path(path))!r} is {_human(size)} ({size} bytes); snapshots hold files "
+            f"up to {_human(limit)}: remove or shrink it (or keep it out of the workspace)"
+        )
+        self.path, self.size, self.limit = path, size, limit
+
+
+class TreeTooDeepError(SnapshotError):
+    """An entry is too deep or its path too long for a snapshot."""
+
+
+def _human(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
 
 
 class EntryKind(enum.StrEnum):
@@ -55,6 +115,11 @@ class ManifestEntry:
     executable: bool = False
     size: int = 0
     target: str | None = None
+
+    @property
+    def hashed(self) -> bool:
+        """False for a file :func:`build_manifest` measured but did not hash (over the limit)."""
+        return self.kind is not EntryKind.FILE or self.sha256 is not None
 
     @property
     def git_mode(self) -> int:
@@ -114,142 +179,121 @@ def canonical_json(manifest: Mapping[str, ManifestEntry]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-class BlobStore:
-    """Content-addressed file bytes under ``root/ab/cdef...``; writes are atomic and idempotent."""
+def file_entry(item: TreeItem, blobs: BlobStore | None, max_file_bytes: int | None) -> ManifestEntry:
+    """The manifest entry of a regular file, hashed streamed; with ``blobs``, also stored.
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def path(self, sha: str) -> Path:
-        if not _SHA_RE.fullmatch(sha):
-            raise SnapshotError(f"not a sha256: {sha!r}")
-        return self.root / sha[:2] / sha[2:]
-
-    def has(self, sha: str) -> bool:
-        return self.path(sha).exists()
-
-    def put(self, data: bytes, sha: str | None = None) -> str:
-        sha = sha or hashlib.sha256(data).hexdigest()
-        dest = self.path(sha)
-        if dest.exists():
-            return sha
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.parent / f".tmp-{secrets.token_hex(8)}"
-        tmp.write_bytes(data)
-        os.chmod(tmp, 0o444)
-        os.replace(tmp, dest)  # concurrent writers of one sha write equal bytes
-        return sha
-
-    def get(self, sha: str) -> bytes:
-        try:
-            return self.path(sha).read_bytes()
-        except FileNotFoundError:
-            raise SnapshotError(f"blob {sha} is missing from the store {self.root}") from None
-
-
-@dataclass(frozen=True, slots=True)
-class TreeItem:
-    """One entry met by :func:`scan_tree`; ``dir_fd`` is valid only during the yield."""
-
-    path: str
-    st: os.stat_result
-    dir_fd: int
-    name: str
-
-
-def scan_tree(root: str | os.PathLike[str]) -> Iterator[TreeItem]:
-    """Walk ``root`` by directory fds without following any symlink (parents first, sorted)."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    Over ``max_file_bytes`` (``None``: no limit): with ``blobs``, raises
+    :class:`FileTooLargeError`; without, returns an unhashed entry (size only).
+    """
+    size, executable = item.st.st_size, bool(item.st.st_mode & 0o100)
+    if max_file_bytes is not None and size > max_file_bytes:
+        if blobs is not None:
+            raise FileTooLargeError(item.path, size, max_file_bytes)
+        return ManifestEntry(EntryKind.FILE, sha256=None, executable=executable, size=size)
+    fd = open_item(item)
     try:
-        yield from _scan_dir(fd, "")
-    finally:
-        os.close(fd)
-
-
-def _scan_dir(fd: int, prefix: str) -> Iterator[TreeItem]:
-    with os.scandir(fd) as it:
-        names = sorted(e.name for e in it)
-    for name in names:
-        try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        rel = prefix + name
-        yield TreeItem(rel, st, fd, name)
-        if stat.S_ISDIR(st.st_mode):
-            try:
-                child = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                dir_fd=fd)
-            except (FileNotFoundError, NotADirectoryError, OSError):
-                continue
-            try:
-                yield from _scan_dir(child, rel + "/")
-            finally:
-                os.close(child)
-
-
-def read_item(item: TreeItem) -> bytes:
-    """Bytes of a regular file met by :func:`scan_tree` (refusing a swapped-in link)."""
-    fd = os.open(item.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                 dir_fd=item.dir_fd)
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+        size = os.fstat(fd).st_size
+        if size <= SMALL_FILE_BYTES:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(SMALL_FILE_BYTES + 1)
+            if len(data) <= SMALL_FILE_BYTES:
+                sha = hashlib.sha256(data).hexdigest()
+                if blobs is not None:
+                    blobs.put(data, sha)
+                return ManifestEntry(EntryKind.FILE, sha256=sha, executable=executable, size=len(data))
+            size = os.fstat(fd).st_size  # it grew: stream it
+            if max_file_bytes is not None and size > max_file_bytes:
+                raise FileTooLargeError(item.path, size, max_file_bytes)
+        hasher = hashlib.sha256()
+        if hash_fd(fd, size, hasher) != size:
+            raise SnapshotError(f"file {display_path(item.path)!r} changed while it was read; try again")
+        sha = hasher.hexdigest()
+        if blobs is not None:
+            blobs.put_fd(fd, size, sha, item.path)
+        return ManifestEntry(EntryKind.FILE, sha256=sha, executable=executable, size=size)
     finally:
         os.close(fd)
 
 
 def build_manifest(
-    root: str | os.PathLike[str], blobs: BlobStore | None
+    root: str | os.PathLike[str], blobs: BlobStore | None, *,
+    max_file_bytes: int | None = MAX_SNAPSHOT_FILE_BYTES, on_limit: OnLimit | None = None,
 ) -> dict[str, ManifestEntry]:
-    """Describe the tree at ``root``; with ``blobs``, also store every file's bytes."""
+    """Describe the tree at ``root``; with ``blobs``, also store every file's bytes.
+
+    Raises :class:`FileTooLargeError` (with ``blobs``) and
+    :class:`TreeTooDeepError` (without ``on_limit``); see the module docstring.
+    """
     manifest: dict[str, ManifestEntry] = {}
-    for item in scan_tree(root):
-        mode = item.st.st_mode
-        if stat.S_ISDIR(mode):
-            manifest[item.path] = ManifestEntry(EntryKind.DIR)
-        elif stat.S_ISLNK(mode):
-            target = os.readlink(item.name, dir_fd=item.dir_fd)
-            manifest[item.path] = ManifestEntry(EntryKind.SYMLINK, target=target)
-        elif stat.S_ISREG(mode):
-            data = read_item(item)
-            sha = hashlib.sha256(data).hexdigest()
-            if blobs is not None:
-                blobs.put(data, sha)
-            manifest[item.path] = ManifestEntry(
-                EntryKind.FILE, sha256=sha, executable=bool(mode & 0o100), size=len(data)
-            )
+    try:
+        for item in scan_tree(root, on_limit=on_limit):
+            mode = item.st.st_mode
+            if stat.S_ISDIR(mode):
+                manifest[item.path] = ManifestEntry(EntryKind.DIR)
+            elif stat.S_ISLNK(mode):
+                target = os.readlink(item.name, dir_fd=item.dir_fd)
+                manifest[item.path] = ManifestEntry(EntryKind.SYMLINK, target=target)
+            elif stat.S_ISREG(mode):
+                try:
+                    manifest[item.path] = file_entry(item, blobs, max_file_bytes)
+                except FileNotFoundError:
+                    continue  # removed while walking
+    except TreeLimitError as exc:
+        raise TreeTooDeepError(f"cannot snapshot the tree: {exc}; snapshots hold trees up to "
+                               "that depth and path length") from None
     return manifest
 
 
 def restore_tree(root: str | os.PathLike[str], snapshot: Snapshot, blobs: BlobStore) -> None:
     """Make the tree at ``root`` exactly equal to ``snapshot``.
 
-    Extras and wrong-kind entries are removed first (``unlink``/fd-based
-    ``rmtree`` relative to their parent's fd, so a symlink is removed, never
-    followed); then directories, symlinks and files are created or rewritten
-    in path order, each relative to a parent resolved with no symlinks allowed.
+    Three phases: (1) scan the tree (iteratively; entries too deep for a
+    snapshot are scheduled for removal) and plan what to remove and write;
+    (2) verify every blob to be written against its hash, failing with the
+    tree untouched; (3) remove extras and wrong-kind entries (unlink or
+    :func:`~tools.treewalk.remove_tree`, relative to the parent's fd, never
+    following a link), then create directories, symlinks and files in path
+    order, each relative to a parent resolved with no symlinks allowed.
     Unchanged files (same size and hash) are left alone.
     """
     want = snapshot.manifest
-    for sha in {e.sha256 for e in want.values() if e.sha256}:
-        if not blobs.has(sha):
-            raise SnapshotError(f"cannot restore {snapshot.id}: blob {sha} is missing")
+    remove: list[str] = []
     have: dict[str, ManifestEntry] = {}
-    for item in scan_tree(root):  # a removed directory is not descended into
+
+    def too_deep(item: TreeItem, _exc: TreeLimitError) -> None:
+        remove.append(item.path)
+
+    def keep(item: TreeItem) -> bool:
         cur = _entry_of(item)
         target = want.get(item.path)
         if target is None or cur is None or cur.kind is not target.kind:
-            if stat.S_ISDIR(item.st.st_mode):
-                shutil.rmtree(item.name, dir_fd=item.dir_fd)
-            else:
-                os.unlink(item.name, dir_fd=item.dir_fd)
-            continue
+            remove.append(item.path)
+            return False
         if cur.kind is EntryKind.FILE and cur.size == target.size:
-            data = read_item(item)
-            cur = ManifestEntry(EntryKind.FILE, sha256=hashlib.sha256(data).hexdigest(),
-                                executable=cur.executable, size=len(data))
+            try:
+                cur = file_entry(item, None, None)
+            except FileNotFoundError:
+                return False
         have[item.path] = cur
+        return True
+
+    for _ in scan_tree(root, on_limit=too_deep, descend=keep):
+        pass
+    writes = [(p, e) for p, e in want.items()
+              if e.kind is EntryKind.FILE and e.sha256 is not None
+              and (p not in have or have[p].sha256 != e.sha256)]
+    verified: set[str] = set()
+    for path, entry in writes:
+        assert entry.sha256 is not None
+        if entry.sha256 not in verified:
+            try:
+                blobs.verify(entry.sha256, entry.size, path)
+            except SnapshotError as exc:
+                raise SnapshotError(f"cannot restore snapshot {snapshot.id}: {exc}; the tree was not "
+                                    "changed") from None
+            verified.add(entry.sha256)
+    for path in remove:
+        _at_parent(root, path, remove_tree)
     for path, entry in want.items():  # sorted, so a directory comes before its children
         cur = have.get(path)
         if entry.kind is EntryKind.DIR and cur is None:
@@ -262,8 +306,11 @@ def restore_tree(root: str | os.PathLike[str], snapshot: Snapshot, blobs: BlobSt
                 if cur.executable != entry.executable:
                     _at_parent(root, path, lambda fd, name, m=mode: _chmod(fd, name, m))
                 continue
-            write_bytes_beneath(root, path, blobs.get(entry.sha256), mode=mode,
-                                follow_symlink=False, make_parents=False, durable=False)
+            try:
+                _at_parent(root, path, lambda fd, name, e=entry, m=mode, p=path: _write_blob(fd, name, blobs, e, m, p))
+            except SnapshotError as exc:
+                raise SnapshotError(f"restoring snapshot {snapshot.id} failed part-way: {exc}; the tree is "
+                                    "partly restored: restore again once the blob store is repaired") from None
 
 
 def _entry_of(item: TreeItem) -> ManifestEntry | None:
@@ -284,6 +331,25 @@ def _at_parent(root: str | os.PathLike[str], path: str, op: Callable[[int, str],
         op(fd, name)
     finally:
         os.close(fd)
+
+
+def _write_blob(dir_fd: int, name: str, blobs: BlobStore, entry: ManifestEntry, mode: int, path: str) -> None:
+    assert entry.sha256 is not None
+    tmp = f".fw-tmp-{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            blobs.copy_to(entry.sha256, entry.size, fd, path)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def _replace_link(dir_fd: int, name: str, target: str) -> None:

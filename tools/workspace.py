@@ -11,12 +11,25 @@ File access for tools goes through :mod:`tools.paths`, so a model-supplied
 path never leaves the tree. The store's own operations (fork, snapshot,
 restore) walk by directory fds and never follow symlinks.
 
+Limits (each fails with a clear error or a note, never by exhausting memory):
+a workspace is created only if it can be snapshotted exactly, so a file over
+``max_file_bytes`` (default 256 MiB, apparent size) or a tree deeper than
+:data:`~tools.treewalk.MAX_TREE_DEPTH` levels makes creation fail with a
+:class:`WorkspaceError` naming the file. Later (after a model made such a
+file or tree), ``diff`` shows files over
+:data:`~tools.diffs.MAX_DIFF_FILE_BYTES` as "large file, not shown" (and does
+not hash files over ``max_file_bytes``), notes directories too deep to walk,
+``restore`` removes them, ``snapshot`` refuses them, and ``delete`` removes
+trees of any depth. Changes under ``.git`` are shown like any others.
+Before a workspace is handed to the host's git, call :meth:`Workspace.neutralise_git`
+(see :mod:`tools.gitsafe`).
+
 Not guaranteed: ``fork`` is ``cp -a --reflink=auto``, a real copy on
 file systems without reflinks (ext4), so its cost grows with the tree;
 snapshots do not capture special files, ownership, timestamps, xattrs or
 hard links (see :mod:`tools.snapshots`); a workspace is not safe against a
 concurrent writer (a running command) during ``restore`` or ``snapshot``;
-``diff`` skips everything under a ``.git`` directory and empty-directory changes.
+``diff`` does not show empty-directory changes.
 """
 
 from __future__ import annotations
@@ -25,7 +38,6 @@ import json
 import os
 import re
 import secrets
-import shutil
 import stat
 import subprocess
 import tempfile
@@ -34,10 +46,21 @@ from pathlib import Path
 from types import TracebackType
 
 from tools.base import FileEdit
-from tools.diffs import MODE_EXEC, MODE_FILE, ChangeEntry, ChangeKind, unified_diff
+from tools.diffs import (
+    MAX_DIFF_FILE_BYTES,
+    MODE_EXEC,
+    MODE_FILE,
+    ChangeEntry,
+    ChangeKind,
+    large_file_diff,
+    unified_diff,
+)
+from tools.gitsafe import GitNeutralised, host_env, host_git, neutralise_git
 from tools.paths import (
     PathNotFoundError,
     PathTypeError,
+    display_path,
+    fs_path,
     normalize,
     open_beneath,
     read_bytes_beneath,
@@ -46,6 +69,7 @@ from tools.paths import (
     write_bytes_beneath,
 )
 from tools.snapshots import (
+    MAX_SNAPSHOT_FILE_BYTES,
     BlobStore,
     EntryKind,
     ManifestEntry,
@@ -54,6 +78,7 @@ from tools.snapshots import (
     build_manifest,
     restore_tree,
 )
+from tools.treewalk import TreeItem, TreeLimitError, remove_path, short_path
 
 __all__ = [
     "ChangeEntry", "ChangeKind", "DirEntryInfo", "Snapshot", "Workspace", "WorkspaceError",
@@ -79,9 +104,13 @@ class DirEntryInfo:
 
 
 class WorkspaceStore:
-    """Where workspaces, blobs and snapshot manifests live (one directory)."""
+    """Where workspaces, blobs and snapshot manifests live (one directory).
 
-    def __init__(self, root: Path) -> None:
+    ``max_file_bytes`` is the largest file a snapshot (so a workspace) may hold.
+    """
+
+    def __init__(self, root: Path, *, max_file_bytes: int = MAX_SNAPSHOT_FILE_BYTES) -> None:
+        self.max_file_bytes = max_file_bytes
         self.root = Path(root)
         for sub in ("ws", "blobs", "snapshots"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
@@ -100,7 +129,11 @@ class WorkspaceStore:
 
     def _finish(self, ws_id: str, tree: Path, base: Snapshot | None) -> Workspace:
         if base is None:
-            base = Workspace(ws_id, tree, self, None).snapshot()
+            try:
+                base = Workspace(ws_id, tree, self, None).snapshot()
+            except SnapshotError as exc:
+                remove_path(tree.parent)
+                raise WorkspaceError(f"cannot create the workspace: {exc}") from None
         (tree.parent / "meta.json").write_text(json.dumps({"base": base.id}))
         return Workspace(ws_id, tree, self, base)
 
@@ -116,18 +149,19 @@ class WorkspaceStore:
         """A new workspace holding ``git archive`` of ``commit`` (no ``.git``, no submodules)."""
         if not commit or commit.startswith("-"):
             raise WorkspaceError(f"invalid commit name {commit!r}")
-        probe = _git(repo, "rev-parse", "--git-dir")
+        probe = host_git(repo, "rev-parse", "--git-dir")
         if probe.returncode != 0:
             raise WorkspaceError(f"not a git repository: {repo} ({probe.stderr.strip()})")
-        rev = _git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
+        rev = host_git(repo, "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}")
         if rev.returncode != 0:
             raise WorkspaceError(f"unknown commit {commit!r} in {repo}")
         sha = rev.stdout.strip()
         ws_id, tree = self._new_dir()
         tree.mkdir()
         with tempfile.TemporaryFile() as err, subprocess.Popen(
-            ["git", "-C", os.fspath(repo), "archive", "--format=tar", sha],
-            stdout=subprocess.PIPE, stderr=err,
+            ["git", "-C", os.fspath(repo), "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
+             "archive", "--format=tar", sha],
+            stdout=subprocess.PIPE, stderr=err, env=host_env(), stdin=subprocess.DEVNULL,
         ) as archive:
             untar = subprocess.run(["tar", "-x", "-f", "-", "-C", os.fspath(tree)],
                                    stdin=archive.stdout, capture_output=True)
@@ -137,7 +171,7 @@ class WorkspaceStore:
             err.seek(0)
             message = (err.read() or untar.stderr).decode(errors="replace").strip()
         if not ok:
-            shutil.rmtree(tree.parent, ignore_errors=True)
+            remove_path(tree.parent)
             raise WorkspaceError(f"git archive {sha} failed: {message}")
         return self._finish(ws_id, tree, None)
 
@@ -202,8 +236,8 @@ class Workspace:
         self.delete()
 
     def delete(self) -> None:
-        """Remove this workspace's directory (idempotent). Blobs and snapshots stay."""
-        shutil.rmtree(self.root.parent, ignore_errors=True)
+        """Remove this workspace's directory, at any depth (idempotent). Blobs and snapshots stay."""
+        remove_path(self.root.parent)
 
     close = delete
 
@@ -216,7 +250,8 @@ class Workspace:
 
     def snapshot(self) -> Snapshot:
         """Record the exact current state; blobs go into the shared store (deduplicated)."""
-        snap = Snapshot.from_manifest(build_manifest(self.root, self.store.blobs))
+        snap = Snapshot.from_manifest(build_manifest(self.root, self.store.blobs,
+                                                     max_file_bytes=self.store.max_file_bytes))
         self.store.save_snapshot(snap)
         return snap
 
@@ -224,36 +259,62 @@ class Workspace:
         """Make the tree exactly equal to ``snapshot`` (never following a link while deleting)."""
         restore_tree(self.root, snapshot, self.store.blobs)
 
+    def neutralise_git(self) -> GitNeutralised:
+        """Disable hooks and program-running config in every git directory of the tree.
+
+        Call before the host's git may touch this tree (a kept or exported
+        workspace); see :mod:`tools.gitsafe` for what is changed and what is not guaranteed.
+        """
+        return neutralise_git(self.root)
+
     def changed_paths(self, base: Snapshot | None = None) -> list[ChangeEntry]:
-        """Files and symlinks that differ from ``base`` (default: the starting snapshot)."""
-        return [ChangeEntry(p, k) for p, k, _, _ in self._changes(base)]
+        """Files and symlinks that differ from ``base`` (default: the starting snapshot).
+
+        A directory too deep to walk is listed as modified (its content unknown).
+        """
+        changes, too_deep = self._changes(base)
+        return [ChangeEntry(display_path(p), k) for p, k, _, _ in changes] + [
+            ChangeEntry(display_path(p), ChangeKind.MODIFIED) for p in too_deep]
 
     def diff(self, base: Snapshot | None = None) -> str:
-        """A git-style unified diff of the tree versus ``base`` (default: the starting snapshot)."""
+        """A git-style unified diff of the tree versus ``base`` (default: the starting snapshot).
+
+        Files over :data:`~tools.diffs.MAX_DIFF_FILE_BYTES` get a "large file,
+        not shown" note; directories too deep to walk get a trailing note.
+        """
         parts: list[str] = []
-        for path, _kind, old, new in self._changes(base):
+        changes, too_deep = self._changes(base)
+        for path, _kind, old, new in changes:
             if old is not None and new is not None and old.kind is not new.kind:
-                parts.append(unified_diff(path, self._old_bytes(old), None, old_mode=old.git_mode))
-                parts.append(unified_diff(path, None, self._new_bytes(path, new), new_mode=new.git_mode))
-                continue
-            parts.append(unified_diff(
-                path,
-                self._old_bytes(old) if old else None,
-                self._new_bytes(path, new) if new else None,
-                old_mode=old.git_mode if old else MODE_FILE,
-                new_mode=new.git_mode if new else MODE_FILE,
-            ))
+                parts.append(self._file_diff(path, old, None))
+                parts.append(self._file_diff(path, None, new))
+            else:
+                parts.append(self._file_diff(path, old, new))
+        parts += [f"# not shown: {display_path(short_path(p))!r} {why}\n" for p, why in too_deep.items()]
         return "".join(parts)
+
+    def _file_diff(self, path: str, old: ManifestEntry | None, new: ManifestEntry | None) -> str:
+        old_mode = old.git_mode if old else MODE_FILE
+        new_mode = new.git_mode if new else MODE_FILE
+        if any(e is not None and e.kind is EntryKind.FILE and (e.size > MAX_DIFF_FILE_BYTES or not e.hashed)
+               for e in (old, new)):
+            return large_file_diff(path, old.size if old else None, new.size if new else None,
+                                   old_mode=old_mode, new_mode=new_mode)
+        return unified_diff(path, self._old_bytes(path, old) if old else None,
+                            self._new_bytes(path, new) if new else None, old_mode=old_mode, new_mode=new_mode)
 
     def _changes(
         self, base: Snapshot | None
-    ) -> list[tuple[str, ChangeKind, ManifestEntry | None, ManifestEntry | None]]:
+    ) -> tuple[list[tuple[str, ChangeKind, ManifestEntry | None, ManifestEntry | None]], dict[str, str]]:
         old_m = (base or self.base).manifest
-        new_m = build_manifest(self.root, None)
+        too_deep: dict[str, str] = {}
+
+        def skip(item: TreeItem, exc: TreeLimitError) -> None:
+            too_deep[item.path] = exc.reason
+
+        new_m = build_manifest(self.root, None, max_file_bytes=self.store.max_file_bytes, on_limit=skip)
         out = []
         for path in sorted(set(old_m) | set(new_m)):
-            if ".git" in path.split("/"):
-                continue
             old, new = old_m.get(path), new_m.get(path)
             old = old if old and old.kind is not EntryKind.DIR else None
             new = new if new and new.kind is not EntryKind.DIR else None
@@ -261,25 +322,27 @@ class Workspace:
                 continue
             kind = ChangeKind.ADDED if old is None else ChangeKind.DELETED if new is None else ChangeKind.MODIFIED
             out.append((path, kind, old, new))
-        return out
+        return out, too_deep
 
-    def _old_bytes(self, entry: ManifestEntry) -> bytes:
+    def _old_bytes(self, path: str, entry: ManifestEntry) -> bytes:
         if entry.kind is EntryKind.SYMLINK:
             return os.fsencode(entry.target or "")
         assert entry.sha256 is not None
-        return self.store.blobs.get(entry.sha256)
+        return self.store.blobs.get(entry.sha256, path)
 
     def _new_bytes(self, path: str, entry: ManifestEntry) -> bytes:
         if entry.kind is EntryKind.SYMLINK:
             return os.fsencode(entry.target or "")
         fd = open_beneath(self.root, path, os.O_RDONLY | os.O_NONBLOCK, no_symlinks=True)
         with os.fdopen(fd, "rb") as f:
-            return f.read()
+            return f.read(MAX_DIFF_FILE_BYTES + 1)
 
     # -- file access for tools (model-supplied paths)
+    # Each method maps ``\xHH`` escapes back to raw bytes (tools.paths.fs_path), so a
+    # non-UTF-8 name shown by display_path can be passed back as shown.
     def resolve(self, rel: str) -> str:
         """Normalised relative path; raises PathError if invalid or if it leads outside."""
-        norm = normalize(rel)
+        norm = normalize(fs_path(self.root, rel))
         try:
             os.close(open_beneath(self.root, norm))
         except (PathNotFoundError, PathTypeError):
@@ -288,48 +351,77 @@ class Workspace:
 
     def real_path(self, rel: str) -> str:
         """Relative path of an existing ``rel`` after following in-workspace symlinks."""
-        return resolve_beneath(self.root, rel)
+        return resolve_beneath(self.root, fs_path(self.root, rel))
 
     def exists(self, rel: str) -> bool:
         """Whether ``rel`` exists (through in-workspace links); PathError if it leads outside."""
         try:
-            os.close(open_beneath(self.root, rel))
+            os.close(open_beneath(self.root, fs_path(self.root, rel)))
             return True
         except (PathNotFoundError, PathTypeError):
             return False
 
     def is_dir(self, rel: str) -> bool:
         try:
-            return stat.S_ISDIR(stat_beneath(self.root, rel).st_mode)
+            return stat.S_ISDIR(stat_beneath(self.root, fs_path(self.root, rel)).st_mode)
         except (PathNotFoundError, PathTypeError):
             return False
 
+    def file_size(self, rel: str) -> int:
+        """Size in bytes of the regular file ``rel`` (PathTypeError for anything else)."""
+        st = stat_beneath(self.root, fs_path(self.root, rel))
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory, not a file (use list_dir)" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise PathTypeError(f"{rel!r} is {kind}")
+        return st.st_size
+
     def read_bytes(self, rel: str, *, limit: int | None = None) -> bytes:
-        return read_bytes_beneath(self.root, rel, limit=limit)
+        return read_bytes_beneath(self.root, fs_path(self.root, rel), limit=limit)
 
     def write_bytes(self, rel: str, data: bytes) -> FileEdit:
-        """Create or atomically replace a file; the FileEdit names the file really written."""
+        """Create or atomically replace a file; the FileEdit names the file really written.
+
+        The old content is read for the diff only up to
+        :data:`~tools.diffs.MAX_DIFF_FILE_BYTES`; a larger old or new file gets a
+        "large file, not shown" diff. ``FileEdit.path`` is in display form.
+        """
+        rel = fs_path(self.root, rel)
         old: bytes | None = None
+        old_size: int | None = None
         old_mode = MODE_FILE
         try:
-            old = read_bytes_beneath(self.root, rel)
-            old_mode = MODE_EXEC if stat_beneath(self.root, rel).st_mode & 0o100 else MODE_FILE
+            st = stat_beneath(self.root, rel)
+            if stat.S_ISREG(st.st_mode):
+                old_size, old_mode = st.st_size, MODE_EXEC if st.st_mode & 0o100 else MODE_FILE
+                if old_size <= MAX_DIFF_FILE_BYTES:
+                    old = read_bytes_beneath(self.root, rel, limit=MAX_DIFF_FILE_BYTES + 1)
         except (PathNotFoundError, PathTypeError):
             pass
         outcome = write_bytes_beneath(self.root, rel, data)
         new_mode = old_mode if not outcome.created else MODE_FILE
-        diff = unified_diff(outcome.path, None if outcome.created else old, data,
-                            old_mode=old_mode, new_mode=new_mode)
-        return FileEdit(path=outcome.path, diff=diff, created=outcome.created)
+        if outcome.created:
+            old, old_size = None, None
+        if len(data) > MAX_DIFF_FILE_BYTES or (old_size or 0) > MAX_DIFF_FILE_BYTES:
+            diff = large_file_diff(outcome.path, old_size, len(data), old_mode=old_mode, new_mode=new_mode)
+        else:
+            diff = unified_diff(outcome.path, old, data, old_mode=old_mode, new_mode=new_mode)
+        return FileEdit(path=display_path(outcome.path), diff=diff, created=outcome.created)
 
     def listdir(self, rel: str = ".") -> list[DirEntryInfo]:
-        """Entries of a directory (following in-workspace links to it), sorted by name."""
-        fd = open_beneath(self.root, rel, os.O_RDONLY | os.O_DIRECTORY)
+        """Entries of a directory (following in-workspace links to it), sorted by name.
+
+        Names and link targets are file-system strings (non-UTF-8 bytes as
+        surrogate escapes); show them with :func:`tools.paths.display_path`.
+        """
+        fd = open_beneath(self.root, fs_path(self.root, rel), os.O_RDONLY | os.O_DIRECTORY)
         try:
             out = []
             with os.scandir(fd) as it:
                 for e in it:
-                    st = e.stat(follow_symlinks=False)
+                    try:
+                        st = e.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
                     if stat.S_ISLNK(st.st_mode):
                         out.append(DirEntryInfo(e.name, "symlink", 0, os.readlink(e.name, dir_fd=fd)))
                     elif stat.S_ISDIR(st.st_mode):
@@ -345,11 +437,7 @@ class Workspace:
 
 def _copy_tree(src: Path, dst: Path) -> None:
     proc = subprocess.run(["cp", "-a", "--reflink=auto", "-T", "--", os.fspath(src), os.fspath(dst)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, errors="replace")
     if proc.returncode != 0:
-        shutil.rmtree(dst.parent, ignore_errors=True)
-        raise WorkspaceError(f"copying {src} failed: {proc.stderr.strip()}")
-
-
-def _git(repo: str | os.PathLike[str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["git", "-C", os.fspath(repo), *args], capture_output=True, text=True)
+        remove_path(dst.parent)
+        raise WorkspaceError(f"copying {src} failed: {proc.stderr.strip()[:2000]}")

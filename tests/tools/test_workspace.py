@@ -228,14 +228,15 @@ def test_diff_add_modify_delete_binary(workspace: Workspace) -> None:
     ]
 
 
-def test_diff_against_explicit_base_and_git_dir_skipped(workspace: Workspace) -> None:
+def test_diff_against_explicit_base_and_git_dir_shown(workspace: Workspace) -> None:
     workspace.write_bytes("a.txt", b"1\n")
     mid = workspace.snapshot()
     workspace.write_bytes("b.txt", b"2\n")
-    (workspace.root / ".git").mkdir()
-    (workspace.root / ".git" / "HEAD").write_text("ref: x\n")
-    assert [c.path for c in workspace.changed_paths(mid)] == ["b.txt"]
-    assert [c.path for c in workspace.changed_paths()] == ["a.txt", "b.txt"]
+    (workspace.root / ".git" / "hooks").mkdir(parents=True)
+    (workspace.root / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\ntouch /tmp/x\n")
+    assert [c.path for c in workspace.changed_paths(mid)] == [".git/hooks/pre-commit", "b.txt"]
+    assert [c.path for c in workspace.changed_paths()] == [".git/hooks/pre-commit", "a.txt", "b.txt"]
+    assert "+++ b/.git/hooks/pre-commit\n" in workspace.diff()
 
 
 def test_diff_symlink_retarget(workspace: Workspace) -> None:
