@@ -5,6 +5,24 @@ call). The server calls them from worker threads; event appends go through
 :class:`EventWriter`, one thread that commits whatever is queued in a single
 transaction (group commit) and only then reports each event as durable.
 
+Two kinds of append failure are kept apart:
+
+* **a bad event** -- one that cannot be serialised (only possible for an
+  event built with ``model_construct``; see ``agent.events``) or that the
+  database refuses as a row (an integrity or data error). It never costs
+  another event: it is stored as an ``error`` event with the same ``seq``,
+  ``session_id``, ``turn`` and ``ts`` (its ``message`` says which event was
+  replaced and why), and every other event of the batch is committed. Only if
+  that stand-in is refused too (e.g. its session does not exist) does its
+  waiter get :class:`EventRejected`.
+* **a database failure** -- ``OperationalError``/``InterfaceError`` or a
+  lost connection (disk full, database locked past the busy timeout, server
+  gone). The writer retries the batch :data:`DB_RETRIES` times with a short
+  backoff; if it still fails, nothing of the batch is committed and every
+  waiter gets :class:`LogUnavailable` (the server decides: the session's
+  turn ends in error). The ``seq`` numbers of those events stay unused, so
+  the stored stream has a gap there.
+
 Not guaranteed: an OS crash (not a killed process) with SQLite
 ``synchronous=NORMAL`` may lose the last transactions; that is SQLite's
 documented trade-off for WAL mode.
@@ -14,23 +32,29 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import queue
 import secrets
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session as DbSession
 
-from agent.events import Event, event_from_json, event_to_json
+from agent.events import ErrorEvent, Event, event_from_json, event_to_json
 from backend.db.models import EventRow, SessionRow, SnapshotRow, TokenRow
 from tools.snapshots import Snapshot
 
 ROLES = ("user", "staff")
+DB_RETRIES = 2
+"""How often :class:`EventWriter` retries a batch after a database failure (backoff 0.05 s, then 0.25 s)."""
+_BACKOFF_S = (0.05, 0.25)
 
 
 def now() -> datetime:
@@ -183,15 +207,21 @@ class SessionLog:
 
     # -- events ----------------------------------------------------------------
 
-    def append(self, events: Sequence[Event]) -> None:
-        """Append events (any sessions) in one transaction."""
+    def append(self, events: Sequence[Event]) -> list[Event]:
+        """Append events (any sessions) in one transaction; return what was stored.
+
+        An event that cannot be serialised is stored as its :func:`stand_in`
+        (the returned list holds the stand-in in its place); the others are
+        unaffected. A row the database refuses raises (``IntegrityError`` ...)
+        and nothing is committed: :class:`EventWriter` isolates such rows.
+        """
         if not events:
-            return
+            return []
+        rows = [_serialised(e) for e in events]
         latest: dict[str, tuple[int, int, int]] = {}
         with DbSession(self.engine) as db, db.begin():
-            for e in events:
-                db.add(EventRow(session_id=e.session_id, seq=e.seq, type=e.type, turn=e.turn, ts=e.ts,
-                                body=event_to_json(e)))
+            for e, body in rows:
+                db.add(EventRow(session_id=e.session_id, seq=e.seq, type=e.type, turn=e.turn, ts=e.ts, body=body))
                 seq, turn, tokens = latest.get(e.session_id, (0, 0, 0))
                 tokens += getattr(e, "output_tokens", 0) if e.type == "assistant_message" else 0
                 latest[e.session_id] = (max(seq, e.seq), max(turn, e.turn), tokens)
@@ -201,6 +231,7 @@ class SessionLog:
                         last_seq=seq, turns=turn, output_tokens=SessionRow.output_tokens + tokens, updated_at=now()
                     )
                 )
+        return [e for e, _ in rows]
 
     def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
         q = (select(EventRow.body).where(EventRow.session_id == session_id, EventRow.seq > after)
@@ -217,29 +248,78 @@ class SessionLog:
                 return out
 
 
+def stand_in(event: Event, why: str) -> ErrorEvent:
+    """The ``error`` event stored in place of ``event``: same ``seq``, session, turn and
+    time (the current time if ``event.ts`` is not a finite number)."""
+    ts = event.ts if isinstance(event.ts, (int, float)) and math.isfinite(event.ts) else time.time()
+    return ErrorEvent(
+        seq=event.seq, session_id=event.session_id, turn=event.turn, ts=ts, source="session",
+        message=f"event seq {event.seq} ({event.type}) could not be stored and was replaced by this error: {why}"[:2000],
+    )
+
+
+def _serialised(event: Event) -> tuple[Event, str]:
+    try:
+        return event, event_to_json(event)
+    except (ValueError, TypeError) as exc:  # PydanticSerializationError is a ValueError
+        replacement = stand_in(event, f"{type(exc).__name__}: {exc}")
+        return replacement, event_to_json(replacement)
+
+
+class EventRejected(Exception):
+    """Neither the event nor an ``error`` event in its place could be stored
+    (e.g. its session is not in the log). No other event is affected."""
+
+
+class LogUnavailable(Exception):
+    """The database failed (disk full, connection lost, locked too long); the
+    events of that batch were not stored. The message names the cause."""
+
+
+def _why(exc: BaseException) -> str:
+    # SQLAlchemy's own message repeats the SQL and every parameter (the event
+    # bodies): name the driver's error only.
+    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    return f"{type(orig).__name__}: {str(orig)[:500]}"
+
+
+def is_database_failure(exc: BaseException) -> bool:
+    """True for a failure of the database itself rather than of one row."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError))
+
+
 class EventWriter:
     """One thread that appends events with group commit.
 
-    ``await writer.append(event)`` returns once the event is committed. Events
-    queued while a commit is in flight go into the next transaction together,
-    so throughput grows with load instead of collapsing.
+    ``await writer.append(event)`` returns the stored event once it is
+    committed: ``event`` itself, or its :func:`stand_in` if ``event`` was bad
+    (see the module docstring). Events queued while a commit is in flight go
+    into the next transaction together, so throughput grows with load instead
+    of collapsing. A bad event is found by splitting the failed batch in
+    halves (a few extra transactions per bad event, none for good batches).
+
+    Raises :class:`LogUnavailable` (database failure, after retries) or
+    :class:`EventRejected` (this event and its stand-in both refused).
     """
 
     def __init__(self, log: SessionLog, *, max_batch: int = 512):
         self.log = log
         self.max_batch = max_batch
-        self._q: queue.SimpleQueue[tuple[Event, asyncio.Future[None], asyncio.AbstractEventLoop] | None] = (
+        self._q: queue.SimpleQueue[tuple[Event, asyncio.Future[Event], asyncio.AbstractEventLoop] | None] = (
             queue.SimpleQueue()
         )
         self._thread = threading.Thread(target=self._loop, name="flywheel-event-writer", daemon=True)
         self._thread.start()
         self.commits = 0
+        self.replaced = 0  # bad events stored as error events
 
-    async def append(self, event: Event) -> None:
+    async def append(self, event: Event) -> Event:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[Event] = loop.create_future()
         self._q.put((event, fut, loop))
-        await fut
+        return await fut
 
     def close(self) -> None:
         self._q.put(None)
@@ -261,22 +341,65 @@ class EventWriter:
                     stop = True
                     break
                 batch.append(nxt)
-            error: BaseException | None = None
             try:
-                self.log.append([e for e, _, _ in batch])
-                self.commits += 1
-            except BaseException as exc:  # report to every waiter; the server decides
-                error = exc
-            for _, fut, loop in batch:
-                loop.call_soon_threadsafe(_settle, fut, error)
+                results = self._store([e for e, _, _ in batch])
+            except BaseException as exc:  # a bug here must not leave a waiter hanging
+                results = [exc] * len(batch)
+            for (_, fut, loop), result in zip(batch, results, strict=True):
+                loop.call_soon_threadsafe(_settle, fut, result)
             if stop:
                 return
 
+    def _store(self, events: list[Event]) -> list[Event | BaseException]:
+        """Commit ``events``; isolate the bad ones by bisection. One result per event."""
+        try:
+            stored = self._append_retrying(events)
+        except LogUnavailable as exc:
+            return [exc] * len(events)
+        except Exception as exc:  # one or more rows refused
+            if len(events) > 1:
+                mid = len(events) // 2
+                first = self._store(events[:mid])
+                if any(isinstance(r, LogUnavailable) for r in first):  # the database went away meanwhile
+                    return first + [next(r for r in first if isinstance(r, LogUnavailable))] * (len(events) - mid)
+                return first + self._store(events[mid:])
+            return [self._store_stand_in(events[0], exc)]
+        return list(stored)
 
-def _settle(fut: asyncio.Future[None], error: BaseException | None) -> None:
+    def _store_stand_in(self, event: Event, cause: Exception) -> Event | BaseException:
+        replacement = stand_in(event, f"the database refused it: {_why(cause)}")
+        try:
+            stored = self._append_retrying([replacement])
+        except LogUnavailable as exc:
+            return exc
+        except Exception as exc:
+            return EventRejected(f"event seq {event.seq} ({event.type}) of session {event.session_id!r} could not "
+                                 f"be stored, nor an error event in its place: {_why(exc)}")
+        self.replaced += 1
+        return stored[0]
+
+    def _append_retrying(self, events: list[Event]) -> list[Event]:
+        for attempt in range(DB_RETRIES + 1):
+            try:
+                stored = self.log.append(events)
+            except Exception as exc:
+                if not is_database_failure(exc):
+                    raise
+                if attempt == DB_RETRIES:
+                    raise LogUnavailable(f"the session log is unavailable ({_why(exc)}); "
+                                         f"{len(events)} event(s) were not stored") from exc
+                time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
+            else:
+                self.commits += 1
+                self.replaced += sum(a is not b for a, b in zip(events, stored, strict=True))
+                return stored
+        raise AssertionError("unreachable")
+
+
+def _settle(fut: asyncio.Future[Event], result: Event | BaseException) -> None:
     if fut.done():
         return
-    if error is None:
-        fut.set_result(None)
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
     else:
-        fut.set_exception(error)
+        fut.set_result(result)
