@@ -83,3 +83,13 @@ async def test_errors(ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(ripgrep.shutil, "which", lambda name: None)
     with pytest.raises(ToolError, match=r"ripgrep \(rg\) is not installed: apt-get install ripgrep"):
         await Glob().run({"pattern": "*"}, ctx)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "message"),
+    [("*\x00.py", "pattern contains a NUL byte"), ("x" * (130 << 10), "over the 131071-byte limit")],
+)
+async def test_unpassable_pattern_is_refused_clearly(ctx: ToolContext, pattern: str, message: str) -> None:
+    # Before: "internal error in glob: ValueError: embedded null byte" / OSError E2BIG.
+    with pytest.raises(ToolError, match=message):
+        await Glob().run({"pattern": pattern}, ctx)

@@ -124,3 +124,64 @@ async def test_timeout_kills_rg(
     assert time.monotonic() - started < 5
     with pytest.raises(ProcessLookupError):
         os.kill(int(pid_file.read_text()), 0)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"pattern": "a\x00b"}, "pattern contains a NUL byte"),
+        ({"pattern": "x" * (130 << 10)}, "pattern is 133120 bytes, over the 131071-byte limit"),
+        ({"pattern": "x", "glob": "*\x00.py"}, "glob contains a NUL byte"),
+    ],
+)
+async def test_unpassable_pattern_is_refused_clearly(ctx: ToolContext, args: dict, message: str) -> None:
+    # Before: "internal error in grep: ValueError: embedded null byte" / OSError E2BIG.
+    with pytest.raises(ToolError, match=message):
+        await Grep().run(args, ctx)
+
+
+async def test_fifo_path_is_refused_without_blocking(
+    workspace: Workspace, ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    os.mkfifo(workspace.root / "pipe")
+    monkeypatch.setattr(ripgrep, "RG_TIMEOUT_S", 3.0)  # the old code blocked here until the timeout
+    with pytest.raises(ToolError, match="not a regular file or directory"):
+        await Grep().run({"pattern": "x", "path": "pipe"}, ctx)
+    assert "1 matches" in await grep(ctx, pattern="hello")  # a walk skips the FIFO
+
+
+async def test_ripgrep_messages_carry_no_host_path(workspace: Workspace, ctx: ToolContext) -> None:
+    (workspace.root / ".gitignore").write_text("a[\n")
+    for args in ({"pattern": "hello"}, {"pattern": "("}, {"pattern": "x", "path": "nowhere"}):
+        try:
+            output = (await Grep().run(args, ctx)).output
+        except ToolError as exc:
+            output = str(exc)
+        assert str(workspace.root) not in output
+    root = str(workspace.root)
+    assert ripgrep.scrub(f"rg: {root}/x.py: denied; {root}", root) == "rg: ./x.py: denied; ."
+
+
+async def test_concurrent_ripgrep_processes_are_bounded(
+    ctx: ToolContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    monkeypatch.setattr(ripgrep, "MAX_CONCURRENT", 2)
+    running = peak = 0
+    real = ripgrep._run_rg
+
+    async def counting(*args: object) -> ripgrep.RgExit:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        try:
+            await asyncio.sleep(0.05)  # hold the slot long enough for the others to pile up
+            return await real(*args)  # type: ignore[arg-type]
+        finally:
+            running -= 1
+
+    monkeypatch.setattr(ripgrep, "_run_rg", counting)
+    results = await asyncio.gather(*(Grep().run({"pattern": "hello"}, ctx) for _ in range(8)))
+    assert all(r.ok for r in results)
+    assert peak == 2
