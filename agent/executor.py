@@ -4,9 +4,18 @@ Every call starts the moment it is submitted (the parser submits each call as
 its closing tag arrives). A call waits only for earlier calls it conflicts
 with — one writes what the other reads or writes, per
 :meth:`tools.base.Resources.conflicts_with` — so two reads of one file run in
-parallel while an edit and a later read of that file run in call order, and a
-shell command (which may touch anything) runs alone. Results are returned in
-call order whatever order they finish in.
+parallel while an edit and a later read of that file run in call order.
+Results are returned in call order whatever order they finish in.
+
+What is serialised, and why: a shell command may touch any path, but it is
+its own sandboxed process (``Resources.process_writes``). Commands of one
+step therefore run concurrently with each other and with reads and searches;
+they keep call order only against file edits (``edit_file``, ``write_file``),
+in both directions, because an edit followed by a test run must test the
+edited code and an edit must not interleave with a command rewriting its
+file. Two commands of a step race like two shell jobs, and a read issued
+with a command may or may not see what it writes (``tools.run_command``);
+the model orders such work with ``a && b`` or separate steps.
 
 Cancellation (a user interrupt) cancels every running tool; tools are written
 so that cancellation leaves no half-written file (atomic writes) and no
