@@ -3,7 +3,11 @@
 Runs are interleaved (bare, sandboxed, sandboxed-without-cgroups, repeat) so
 that drift in machine load hits every variant alike. The bare baseline is an
 asyncio subprocess; the sandboxed runs go through ``BubblewrapSandbox.run``
-(launcher shell, cgroup create/join/remove, bwrap namespaces, teardown).
+(launcher shell, cgroup create/join/remove, bwrap namespaces and the
+allow-listed mounts, teardown, the after-command disk check of the empty
+workspace). ``disk_check_5000_files`` times that disk check alone
+(:func:`tools.disk_usage.tree_usage`) on a tree of 5000 small files in 50
+directories, the cost each command adds per workspace of that size.
 
 Prints one JSON object on the last line and writes it to
 ``benchmarks/results/sandbox.json``. Usage: ``.venv/bin/python benchmarks/sandbox.py [runs]``.
@@ -27,6 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tools.cgroups import CgroupV1  # noqa: E402
+from tools.disk_usage import tree_usage  # noqa: E402
 from tools.sandbox import BubblewrapSandbox, probe_bwrap  # noqa: E402
 
 
@@ -83,6 +88,16 @@ async def main(runs: int) -> dict[str, object]:
                 await run()
                 samples[name].append(time.perf_counter() - t0)
         enforced = (await full.run("true", ws)).enforced
+        tree = Path(tmp) / "tree"
+        for d in range(50):
+            (tree / f"d{d}").mkdir(parents=True)
+            for f in range(100):
+                (tree / f"d{d}" / f"f{f}.py").write_text("x = 1\n")
+        walks = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            tree_usage(tree)
+            walks.append(time.perf_counter() - t0)
     stats = {name: _summary(s) for name, s in samples.items()}
     return {
         "benchmark": "sandbox_overhead_true",
@@ -92,6 +107,7 @@ async def main(runs: int) -> dict[str, object]:
         "sandbox_no_cgroups": stats["sandbox_no_cgroups"],
         "overhead_p50_ms": round(stats["sandbox"]["p50_ms"] - stats["bare"]["p50_ms"], 3),
         "overhead_p99_ms": round(stats["sandbox"]["p99_ms"] - stats["bare"]["p99_ms"], 3),
+        "disk_check_5000_files": _summary(walks),
         "enforced": enforced,
         "host": {
             "kernel": platform.release(),
