@@ -48,6 +48,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.orm import Session as DbSession
 
 from agent.events import ErrorEvent, Event, event_from_json, event_to_json
+from agent.text_safety import json_safe_value
 from backend.db.models import EventRow, SessionRow, SnapshotRow, TokenRow
 from tools.snapshots import Snapshot
 
@@ -100,10 +101,12 @@ class SessionInfo:
         return cls(**{f: getattr(row, f) for f in cls.__dataclass_fields__})
 
     def public(self) -> dict[str, Any]:
+        """The session as a JSON value, made UTF-8-safe like events (``agent.text_safety``):
+        a lone surrogate in the policy (e.g. recorded outputs) must not fail the response."""
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
         d["created_at"] = self.created_at.isoformat() + "Z"
         d["updated_at"] = self.updated_at.isoformat() + "Z"
-        return d
+        return json_safe_value(d)  # type: ignore[no-any-return]
 
 
 class TokenError(ValueError):

@@ -209,7 +209,7 @@ def test_reconnects_after_kill9_and_shows_every_event_once(tmp_path: Path, works
         assert "reconnected; resuming after seq" in err and "Traceback" not in err
         seqs = [e["seq"] for e in shown]
         assert seqs == list(range(1, len(seqs) + 1)), seqs  # nothing lost, nothing twice
-        assert shown[-1]["type"] == "turn_end" and shown[-1]["reason"] == "interrupted"
+        assert shown[-1]["type"] == "turn_end" and shown[-1]["reason"] == "shutdown"
         with srv.client() as c:
             logged = c.get(f"/v1/sessions/{shown[0]['session_id']}/events", params={"limit": 5000}).json()["events"]
         assert [e["seq"] for e in logged] == seqs
@@ -235,3 +235,41 @@ async def test_gives_up_with_a_clear_message_when_the_server_stays_down(
         with pytest.raises(ChatError, match="could not reconnect for 1 s"):
             await asyncio.wait_for(client, 15)
     assert "reconnecting in 0.2 s" in err.getvalue()
+
+
+# -- untrusted text (issue 10) -------------------------------------------------
+
+HOSTILE = ("title \x1b]0;pwned\x07 clear \x1b[2J clip \x1b]52;c;ZWNobyBwd25lZA==\x07 c1 \x9b2J "
+           "bidi \u202eabc\u202c lone \ud800 end\r$ fake prompt")
+
+
+def test_escape_sequences_from_the_model_are_shown_inert(server: ServerProcess, workspace: Path) -> None:
+    # json.dumps writes "\ud800" as an escape; the server's JSON reader turns it back into a lone surrogate.
+    r = chat(server, "--workspace", str(workspace), "--policy", scripted([HOSTILE]), lines="go\n")
+    assert r.returncode == 0, r.stderr
+    assert not any(c in r.stdout for c in "\x1b\x07\x9b\u202e\r\ud800")
+    assert "title ^[]0;pwned^G clear ^[[2J clip ^[]52;c;ZWNobyBwd25lZA==^G c1 \\x9b2J bidi \\u202eabc" in r.stdout
+    assert "lone \ufffd end^M$ fake prompt" in r.stdout
+
+
+def test_json_mode_is_exact_json_and_inert(server: ServerProcess, workspace: Path) -> None:
+    r = chat(server, "--workspace", str(workspace), "--json", "--policy", scripted([HOSTILE]), lines="go\n")
+    assert r.returncode == 0, r.stderr
+    assert not any(c in r.stdout for c in "\x1b\x07\x9b\u202e\r")
+    message = next(e for e in events(r.stdout) if e["type"] == "assistant_message")
+    assert message["text"] == HOSTILE.replace("\ud800", "\ufffd")  # exact, but for the unencodable surrogate
+
+
+async def test_server_messages_and_raw_json_are_inert(workspace: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    for as_json in (False, True):
+        client = ChatClient(ChatConfig("http://127.0.0.1:9", "t", workspace, json=as_json), out=out, err=err)
+        try:
+            client._on_message(json.dumps({"type": "request_error", "status": 400, "message": "no \x1b]0;x\x07"}))
+            client._on_message('{"type": "future_type", "seq": 1, "text": "\\ud800 \\u009b \\u001b[2J"}')
+        finally:
+            await client._http.aclose()
+    assert "server: no ^[]0;x^G" in err.getvalue() and "\x1b" not in err.getvalue()
+    line = out.getvalue().strip()  # only --json shows an unknown type
+    assert json.loads(line)["text"] == "\ufffd \x9b \x1b[2J"
+    assert not any(c in line for c in "\x1b\x9b\ud800")
