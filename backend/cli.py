@@ -286,9 +286,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
     except (PolicyError, CliError) as exc:
-        from agent.text_safety import inert
-
-        print(inert(f"flywheel run: {exc}"), file=sys.stderr)  # may quote the model server
+        print(f"flywheel run: {exc}", file=sys.stderr)
         return 1
 
 
@@ -298,11 +296,10 @@ class CliError(Exception):
 
 async def _run(args: argparse.Namespace) -> int:
     from agent.events import CallbackSink, event_to_json
-    from agent.text_safety import inert
     from agent.policies import make_policy
-    from agent.session import Limits, Session
+    from agent.runtime import SessionParts, build_session
+    from agent.session import Limits
     from backend.transcript import Transcript
-    from tools.registry import default_tools
     from tools.sandbox import SandboxUnavailable, make_sandbox
     from tools.workspace import WorkspaceError, WorkspaceStore
 
@@ -317,9 +314,7 @@ async def _run(args: argparse.Namespace) -> int:
         raise CliError("give a request, e.g. flywheel run --workspace . \"fix the failing test\"")
     if policy_spec is None:
         raise CliError("choose a policy: --policy scripted:FILE.json or --policy openai[:MODEL]")
-    policy = make_policy(
-        policy_spec, base_url=args.base_url, model=args.model, api_key=args.api_key, api=args.api
-    ) if policy_spec.startswith("openai") else make_policy(policy_spec)
+    policy = make_policy(policy_spec, base_url=args.base_url, model=args.model, api_key=args.api_key, api=args.api)
 
     allow_unsafe = args.unsafe_no_sandbox or os.environ.get("FLYWHEEL_UNSAFE_NO_SANDBOX") == "1"
     tmp = None
@@ -354,10 +349,9 @@ async def _run(args: argparse.Namespace) -> int:
         index = WorkspaceIndex(workspace.root)
         stats = await asyncio.to_thread(index.refresh, progress=sys.stderr.isatty())
         print(f"indexed {stats.files} files, {stats.chunks} chunks ({stats.embedded} embedded now)", file=sys.stderr)
-    session = Session(
-        workspace=workspace, policy=policy, tools=default_tools(semantic_search=index is not None),
-        search_index=index, sink=CallbackSink(sink_fn),
-        sandbox=sandbox, limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout),
+    session = build_session(
+        SessionParts(workspace=workspace, sandbox=sandbox, search_index=index), policy=policy,
+        limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout), sink=CallbackSink(sink_fn),
     )
     loop = asyncio.get_running_loop()
     try:
@@ -377,7 +371,6 @@ async def _run(args: argparse.Namespace) -> int:
         print()
         if changed:
             print(f"workspace changes ({len(workspace.changed_paths())} file(s)):")
-            changed = inert(changed)  # file names and contents are untrusted
             print(changed, end="" if changed.endswith("\n") else "\n")
         else:
             print("no workspace changes")

@@ -24,17 +24,15 @@ from typing import TYPE_CHECKING, Any
 from agent.events import AssistantMessage, Event, TurnEnd
 from agent.history import history_from_events
 from agent.policy import Policy
+from agent.runtime import LazySearchIndex, SessionParts, build_session
 from agent.session import Limits, Session
 from backend.db.log import EventWriter, SessionInfo, SessionLog
 from backend.policies import PolicyFactory
-from tools.base import Tool
-from tools.registry import default_tools
 from tools.sandbox import Sandbox
 from tools.workspace import Workspace, WorkspaceStore
 
 if TYPE_CHECKING:
-    from embeddings.background import BackgroundIndex, IndexPool
-    from embeddings.index import WorkspaceIndex
+    from embeddings.background import IndexPool
 
 log = logging.getLogger(__name__)
 
@@ -92,15 +90,13 @@ class _PersistThenBroadcast:
         self.session_id = session_id
 
     async def emit(self, event: Event) -> None:
-        # Durable before anyone sees it; clients get what was stored (an error
-        # event in place of one the log could not store, same seq).
-        stored = await self.hub.writer.append(event)
+        await self.hub.writer.append(event)  # durable before anyone sees it
         live = self.hub.live.get(self.session_id)
         if live is not None and isinstance(event, TurnEnd):
             live.turn_ended = True  # a client may send its next message the moment it sees this
         if live is not None:
             for sub in list(live.subscribers):
-                sub.offer(stored)
+                sub.offer(event)
 
 
 class Hub:
@@ -120,19 +116,30 @@ class Hub:
         self.live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Lock] = {}
 
-    def tools(self) -> list[Tool]:
-        return default_tools(commands=self.sandbox is not None, semantic_search=self.indexes is not None)
+    def live_parts(self, workspace: Workspace) -> SessionParts:
+        """Parts for a live session: the server's sandbox and the workspace's pooled
+        background index, built on the pool's thread at its first search (a session that
+        never searches costs no indexing and never loads the embedder)."""
+        index = self.indexes.get(workspace.root) if self.indexes is not None else None
+        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index)
 
-    def search_index(self, workspace: Workspace) -> BackgroundIndex | None:
-        """The live session's index, built on the pool's thread at its first search (lazily: a
-        session that never searches costs no indexing and never loads the embedder)."""
-        return self.indexes.get(workspace.root) if self.indexes is not None else None
+    def replay_parts(self, workspace: Workspace) -> SessionParts:
+        """Parts for re-executing a recording: the same tool set as a live session, but
+        an index built completely at the first ``semantic_search`` (a replay must not
+        see "still being built"), so replaying a session that never searched never
+        loads the embedder. Release with :meth:`release_parts`."""
+        pool = self.indexes
+        index = None
+        if pool is not None:
+            root = workspace.root
+            index = LazySearchIndex(lambda: pool.build_now(root))
+        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index)
 
-    async def complete_index(self, workspace: Workspace) -> WorkspaceIndex | None:
-        """A fully built index for a replay's workspace (replays must not see "still being built")."""
-        if self.indexes is None:
-            return None
-        return await asyncio.to_thread(self.indexes.build_now, workspace.root)
+    @staticmethod
+    def release_parts(parts: SessionParts) -> None:
+        """Close what :meth:`replay_parts` built (its index); the workspace is the caller's."""
+        if isinstance(parts.search_index, LazySearchIndex):
+            parts.search_index.close()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -159,6 +166,7 @@ class Hub:
             for sub in list(live.subscribers):
                 sub.close()
             await live.session.policy.aclose()
+            self._release_index(live.session)
         if self.indexes is not None:
             self.indexes.close()
 
@@ -187,11 +195,9 @@ class Hub:
             events = await asyncio.to_thread(self.log.all_events, info.id)
             h = history_from_events(events)
             workspace = await asyncio.to_thread(self.store.open, info.workspace_id)
-            session = Session(
-                workspace=workspace, policy=policy or self.policies.build(info.policy, consumed=len(h.outputs)), tools=self.tools(),
-                sink=_PersistThenBroadcast(self, info.id), sandbox=self.sandbox, limits=self.limits,
-                session_id=info.id, conversation=h.conversation, next_seq=h.last_seq + 1, turns_done=h.turns,
-                search_index=self.search_index(workspace),
+            session = build_session(
+                self.live_parts(workspace), policy=policy or self.policies.build(info.policy, consumed=len(h.outputs)),
+                limits=self.limits, sink=_PersistThenBroadcast(self, info.id), session_id=info.id, history=h,
             )
             live = LiveSession(info, session, workspace)
             self.live[info.id] = live
@@ -215,13 +221,13 @@ class Hub:
             owner=owner, workspace=workspace, policy=policy, source=info.source, parent_id=info.id,
             branch_step=from_step, title=f"branch of {info.title or info.id[:8]} at step {from_step}",
         )
-        session = await run_recording(
-            truncate_at_step(turns, from_step), workspace=workspace, tools=self.tools(), sandbox=self.sandbox,
-            search_index=await self.complete_index(workspace),
+        # The branch's own policy and limits are the session's defaults; the recorded
+        # steps run with per-turn scripted policies (run_recording), then it continues.
+        session = build_session(
+            self.replay_parts(workspace), policy=self.policies.build(policy), limits=self.limits,
             sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
         )
-        session.policy = self.policies.build(policy)
-        session.limits = self.limits
+        await run_recording(truncate_at_step(turns, from_step), session)
         live = LiveSession(new, session, workspace)
         self.live[new.id] = live
         if auto_continue and session.conversation and session.conversation[-1].role == "tool":
@@ -266,6 +272,7 @@ class Hub:
         del self.live[live.info.id]
         self._loading.pop(live.info.id, None)
         await live.session.policy.aclose()
+        await asyncio.to_thread(self._release_index, live.session)
 
     async def interrupt(self, info: SessionInfo) -> bool:
         live = self.live.get(info.id)
@@ -313,6 +320,15 @@ class Hub:
         finally:
             live.subscribers.discard(sub)
             await self._evict_if_unused(live)
+
+
+    @staticmethod
+    def _release_index(session: Session) -> None:
+        """Close a branch's replay index when its session leaves memory (the log rebuilds
+        the session with the pooled index)."""
+        index = session.ctx.search_index
+        if isinstance(index, LazySearchIndex):
+            index.close()
 
 
 class SlowClient(Exception):

@@ -8,26 +8,32 @@ the same policy) and is one of:
 * ``{"kind": "openai", "model"?: str, "temperature"?: float}`` — the operator's
   OpenAI-compatible server from the settings. A request can never choose the
   URL or key (the server must not become a proxy to arbitrary hosts).
+
+This module is only the server's validation layer: :meth:`PolicyFactory.validate`
+checks and normalises a requested config, :meth:`PolicyFactory.config` turns a
+stored one into a typed config (filling in the operator's URL and key), and
+the policy itself is built by :func:`agent.policies.build_policy`, the same
+function the CLI uses.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from agent.policies.openai_compat import OpenAICompatPolicy, OpenAIConfig
-from agent.policies.scripted import ScriptedPolicy
+from agent.policies import ScriptedConfig, build_policy
+from agent.policies.openai_compat import OpenAIConfig
 from agent.policy import Policy
 
 MAX_SCRIPT_CHARS = 8 * 1024 * 1024
 
 
 class PolicyConfigError(ValueError):
-    pass
+    """A requested policy config the server refuses; the message says what to change."""
 
 
 class PolicyFactory:
     def __init__(self, *, openai_base_url: str | None, openai_model: str = "default", openai_api_key: str | None = None,
-                 openai_api: str = "chat"):
+                 openai_api: Literal["chat", "completions"] = "chat"):
         self.openai_base_url = openai_base_url
         self.openai_api = openai_api
         self.openai_model = openai_model
@@ -65,15 +71,20 @@ class PolicyFactory:
             return {"kind": "openai", "model": model, "temperature": float(temperature)}
         raise PolicyConfigError(f"unknown policy kind {kind!r}; available: {', '.join(self.kinds())}")
 
-    def build(self, config: dict[str, Any], *, consumed: int = 0) -> Policy:
-        """Build the policy; ``consumed`` model calls already happened (a resumed
-        scripted session continues with its next output)."""
+    def config(self, config: dict[str, Any], *, consumed: int = 0) -> ScriptedConfig | OpenAIConfig:
+        """The typed config for a stored (or requested) one, validated again; the URL,
+        key and API of an ``openai`` policy are always the operator's. ``consumed``
+        model calls already happened (a resumed scripted session continues with its
+        next output)."""
         config = self.validate(config)
         if config["kind"] == "scripted":
-            policy = ScriptedPolicy(config["outputs"], chunk_chars=config["chunk_chars"], delay_s=config["delay_s"])
-            policy.calls = min(consumed, len(policy.outputs))
-            return policy
-        return OpenAICompatPolicy(OpenAIConfig(
+            return ScriptedConfig(outputs=config["outputs"], chunk_chars=config["chunk_chars"],
+                                  delay_s=config["delay_s"], consumed=consumed)
+        return OpenAIConfig(
             base_url=self.openai_base_url or "", model=config["model"], api_key=self.openai_api_key,
-            temperature=config["temperature"], api=self.openai_api,  # type: ignore[arg-type]
-        ))
+            temperature=config["temperature"], api=self.openai_api,
+        )
+
+    def build(self, config: dict[str, Any], *, consumed: int = 0) -> Policy:
+        """``agent.policies.build_policy(self.config(config, consumed=consumed))``."""
+        return build_policy(self.config(config, consumed=consumed))

@@ -8,6 +8,12 @@ recording, call by call (calls are matched by their deterministic
 what the report is for (a changed tool, an environment difference, a
 nondeterministic command).
 
+Sessions are built by :func:`agent.runtime.build_session` from the same
+parts as the original (sandbox, search index), so the model sees the same
+tool set; each recorded turn runs with its own scripted policy and a step
+limit of its recorded length, passed to ``run_turn`` (the session's own
+policy and limits are what a branch continues with).
+
 Not guaranteed: results of calls that were cancelled in the recording (an
 interrupt, a crash) are compared against the cancellation message, so they
 show as differing; network-dependent or time-dependent commands differ.
@@ -18,11 +24,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from agent.events import AssistantMessage, Event, EventSink, ListSink, ToolResultEvent, UserMessage
+from agent.events import AssistantMessage, Event, ListSink, ToolResultEvent, UserMessage
 from agent.policies.scripted import ScriptedPolicy
+from agent.runtime import SessionParts, build_session
 from agent.session import Limits, Session
-from tools.base import Tool
-from tools.workspace import Workspace
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,17 +86,13 @@ class ReexecuteReport:
         return {"session_id": self.session_id, "counts": self.counts, "calls": [asdict(c) for c in self.calls]}
 
 
-async def run_recording(
-    turns: list[RecordedTurn], *, workspace: Workspace, tools: list[Tool], sandbox: Any, sink: EventSink,
-    session_id: str | None = None, search_index: Any = None,
-) -> Session:
-    """Drive a fresh Session through recorded turns (one scripted policy per turn)."""
-    session = Session(workspace=workspace, policy=ScriptedPolicy([]), tools=tools, sink=sink, sandbox=sandbox,
-                      session_id=session_id, search_index=search_index)
+async def run_recording(turns: list[RecordedTurn], session: Session) -> Session:
+    """Drive ``session`` through recorded turns: each turn gets its own scripted
+    policy and a step limit of its length, as ``run_turn`` arguments, so the
+    session's own policy and limits are untouched (a branch continues with them)."""
     for turn in turns:
-        session.policy = ScriptedPolicy(turn.outputs, chunk_chars=256)
-        session.limits = Limits(max_steps=max(1, len(turn.outputs)))
-        await session.run_turn(turn.user_text)
+        await session.run_turn(turn.user_text, policy=ScriptedPolicy(turn.outputs, chunk_chars=256),
+                               limits=Limits(max_steps=max(1, len(turn.outputs))))
     return session
 
 
@@ -127,13 +128,12 @@ def _call_order(call_id: str) -> tuple[int, ...]:
         return (1 << 30,)
 
 
-async def reexecute(
-    session_id: str, events: list[Event], *, workspace: Workspace, tools: list[Tool], sandbox: Any,
-    search_index: Any = None,
-) -> ReexecuteReport:
+async def reexecute(session_id: str, events: list[Event], parts: SessionParts) -> ReexecuteReport:
+    """Re-run the recorded model outputs of ``events`` on ``parts`` (a fresh copy of
+    the starting workspace) and compare every tool result with the recording."""
     sink = ListSink()
-    await run_recording(recorded_turns(events), workspace=workspace, tools=tools, sandbox=sandbox, sink=sink,
-                        search_index=search_index)
+    session = build_session(parts, policy=ScriptedPolicy([]), sink=sink)  # each turn brings its own policy
+    await run_recording(recorded_turns(events), session)
     return compare(session_id, events, sink.events)
 
 

@@ -142,19 +142,27 @@ class TimedPolicy:
 
 
 async def session_dispatch_latency(n: int) -> dict[str, float]:
+    import tempfile
+    from pathlib import Path
+
     from agent.events import ListSink
-    from agent.session import Limits, Session
+    from agent.runtime import SessionParts, build_session
+    from agent.session import Limits
+    from tools.workspace import WorkspaceStore
 
     probe = Probe()
     lat: list[float] = []
-    for i in range(n):
-        call = encode_call("probe", {"i": str(i)})
-        text = "thinking... " + call + " and the model keeps writing" * 20
-        policy = TimedPolicy(text, len("thinking... ") + len(call) - 1)
-        session = Session(workspace=None, policy=policy, tools=[probe], sink=ListSink(),
-                          limits=Limits(max_steps=1))
-        await session.run_turn("go")
-        lat.append((probe.started[i] - policy.handed_at) * 1e3)
+    with tempfile.TemporaryDirectory(prefix="fw-parser-bench-") as tmp:
+        (Path(tmp) / "src").mkdir()
+        parts = SessionParts(workspace=WorkspaceStore(Path(tmp) / "store").from_dir(Path(tmp) / "src"))
+        for i in range(n):
+            call = encode_call("probe", {"i": str(i)})
+            text = "thinking... " + call + " and the model keeps writing" * 20
+            policy = TimedPolicy(text, len("thinking... ") + len(call) - 1)
+            # tools=[probe]: the instrumented tool replaces the derived set (the factory's benchmark seam)
+            session = build_session(parts, policy=policy, tools=[probe], sink=ListSink(), limits=Limits(max_steps=1))
+            await session.run_turn("go")
+            lat.append((probe.started[i] - policy.handed_at) * 1e3)
     return {"p50_ms": median(lat), "p99_ms": percentile(lat, 99), "max_ms": max(lat), "n": n,
             "measured": "policy hands out the chunk holding the closing tag's last byte -> tool starts, "
                         "through Session (parser, validation, events, executor)"}

@@ -18,32 +18,43 @@ from agent.policy import PolicyChunk, PolicyError
 from agent.prompt import RenderedPrompt
 
 
+def load_outputs(path: str | Path) -> list[str]:
+    """The outputs of a script file: ``{"outputs": [...]}`` or a bare JSON list of
+    strings. Raises :class:`PolicyError` saying what is wrong with the file."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PolicyError(f"script file not found: {p}") from None
+    except json.JSONDecodeError as exc:
+        raise PolicyError(f"script file {p} is not valid JSON: {exc}") from None
+    outputs = data.get("outputs") if isinstance(data, dict) else data
+    if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
+        raise PolicyError(f'script file {p} must hold {{"outputs": ["...", ...]}} (a list of strings)')
+    return outputs
+
+
 class ScriptedPolicy:
+    """``consumed``: outputs already used (a resumed session continues with the
+    next one); clamped to the number of outputs."""
+
     name = "scripted"
 
-    def __init__(self, outputs: Sequence[str], *, chunk_chars: int = 24, delay_s: float = 0.0):
+    def __init__(self, outputs: Sequence[str], *, chunk_chars: int = 24, delay_s: float = 0.0, consumed: int = 0):
         if chunk_chars < 1:
             raise ValueError("chunk_chars must be >= 1")
+        if consumed < 0:
+            raise ValueError("consumed must be >= 0")
         self.outputs = list(outputs)
         self.chunk_chars = chunk_chars
         self.delay_s = delay_s
-        self.calls = 0
+        self.calls = min(consumed, len(self.outputs))
         self.prompts: list[RenderedPrompt] = []
 
     @classmethod
-    def from_file(cls, path: str | Path, **kwargs: float) -> ScriptedPolicy:
-        """Load ``{"outputs": [...]}`` or a bare JSON list of strings."""
-        p = Path(path)
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise PolicyError(f"script file not found: {p}") from None
-        except json.JSONDecodeError as exc:
-            raise PolicyError(f"script file {p} is not valid JSON: {exc}") from None
-        outputs = data.get("outputs") if isinstance(data, dict) else data
-        if not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs):
-            raise PolicyError(f'script file {p} must hold {{"outputs": ["...", ...]}} (a list of strings)')
-        return cls(outputs, **kwargs)  # type: ignore[arg-type]
+    def from_file(cls, path: str | Path, *, chunk_chars: int = 24, delay_s: float = 0.0) -> ScriptedPolicy:
+        """A policy over :func:`load_outputs`'s outputs."""
+        return cls(load_outputs(path), chunk_chars=chunk_chars, delay_s=delay_s)
 
     @property
     def remaining(self) -> int:

@@ -33,10 +33,11 @@ async def reexecute_session(info: SessionDep, state: StateDep) -> dict[str, Any]
     events = await asyncio.to_thread(state.log.all_events, info.id)
     snapshot = await asyncio.to_thread(state.log.load_snapshot, info.base_snapshot)
     workspace = await asyncio.to_thread(state.store.from_snapshot, snapshot)
+    parts = state.hub.replay_parts(workspace)
     try:
-        report = await reexecute(info.id, events, workspace=workspace, tools=state.hub.tools(),
-                                 sandbox=state.hub.sandbox, search_index=await state.hub.complete_index(workspace))
+        report = await reexecute(info.id, events, parts)
     finally:
+        await asyncio.to_thread(state.hub.release_parts, parts)
         await asyncio.to_thread(workspace.delete)
     return report.to_json()
 
