@@ -17,10 +17,17 @@ Not guaranteed:
   ``turn_end`` is retried for up to ~3 s, since the server may still be
   closing that turn; after that the line is dropped with the error shown;
 * a turn in flight when the server died is not resumed: the restarted server
-  ends it with ``turn_end`` reason ``interrupted``;
+  ends it with ``turn_end`` reason ``shutdown``;
 * Ctrl-C asks the server to interrupt; what is already done stays done;
 * notices go to stderr, the transcript to stdout: on a terminal they
   interleave only approximately.
+
+Everything the server sends is untrusted: the transcript, server messages
+and error details pass through :func:`agent.text_safety.inert` before they
+are printed, so escape sequences show as text (``^[]52;c;…``) instead of
+acting on the terminal. ``--json`` prints exact JSON whose DEL, C1 and bidi
+controls are ``\\uXXXX`` escapes; text the server sent as lone-surrogate
+escapes is made UTF-8-safe as events are (``agent.text_safety``).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
 from agent.events import EVENT_ADAPTER
+from agent.text_safety import escape_json_text, inert, json_safe_value
 from backend.transcript import Transcript
 
 DEFAULT_SERVER = "http://127.0.0.1:8421"
@@ -184,12 +192,14 @@ class ChatClient:
 
     def _say(self, text: str, style: str = "2") -> None:
         color = self.err.isatty() and "NO_COLOR" not in os.environ
+        text = inert(text)  # server messages are untrusted; colour is added after
         self.err.write((f"\x1b[{style}m{text}\x1b[0m" if color else text) + "\n")
         self.err.flush()
 
     def _show(self, data: dict[str, Any]) -> None:
         if self.cfg.json:
-            self.out.write(json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n")
+            line = json.dumps(json_safe_value(data), ensure_ascii=False, separators=(",", ":"))
+            self.out.write(escape_json_text(line) + "\n")
             self.out.flush()
             return
         t = self._turn
@@ -234,6 +244,9 @@ class ChatClient:
             self._on_event(data)
 
     async def _rest(self, method: str, path: str, **kwargs: Any) -> Any:
+        if "json" in kwargs:  # ASCII JSON: a lone surrogate in --policy travels as its \u escape, not a crash
+            kwargs["content"] = json.dumps(kwargs.pop("json"))
+            kwargs["headers"] = {"Content-Type": "application/json"}
         try:
             r = await self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -255,7 +268,7 @@ class ChatClient:
                 "workspace": {"path": str(self.cfg.workspace)}, "policy": self.cfg.policy})
             self.session_id = info["id"]
             note = f"session {self.session_id} (attach again with --session {self.session_id})"
-            print(note, file=self.err if self.cfg.json else self.out, flush=True)
+            print(inert(note), file=self.err if self.cfg.json else self.out, flush=True)
             return
         after, more = 0, True
         while more:  # the history, before the first prompt
@@ -428,5 +441,5 @@ def run_chat(args: argparse.Namespace) -> int:
 
         return asyncio.run(main())
     except ChatError as exc:
-        print(f"flywheel chat: {exc}", file=sys.stderr)
+        print(inert(f"flywheel chat: {exc}"), file=sys.stderr)
         return 1

@@ -286,7 +286,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
     except (PolicyError, CliError) as exc:
-        print(f"flywheel run: {exc}", file=sys.stderr)
+        from agent.text_safety import inert
+
+        print(inert(f"flywheel run: {exc}"), file=sys.stderr)  # may quote the model server
         return 1
 
 
@@ -296,6 +298,7 @@ class CliError(Exception):
 
 async def _run(args: argparse.Namespace) -> int:
     from agent.events import CallbackSink, event_to_json
+    from agent.text_safety import inert
     from agent.policies import make_policy
     from agent.runtime import SessionParts, build_session
     from agent.session import Limits
@@ -371,6 +374,7 @@ async def _run(args: argparse.Namespace) -> int:
         print()
         if changed:
             print(f"workspace changes ({len(workspace.changed_paths())} file(s)):")
+            changed = inert(changed)  # file names and contents are untrusted
             print(changed, end="" if changed.endswith("\n") else "\n")
         else:
             print("no workspace changes")

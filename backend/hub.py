@@ -90,13 +90,15 @@ class _PersistThenBroadcast:
         self.session_id = session_id
 
     async def emit(self, event: Event) -> None:
-        await self.hub.writer.append(event)  # durable before anyone sees it
+        # Durable before anyone sees it; clients get what was stored (an error
+        # event in place of one the log could not store, same seq).
+        stored = await self.hub.writer.append(event)
         live = self.hub.live.get(self.session_id)
         if live is not None and isinstance(event, TurnEnd):
             live.turn_ended = True  # a client may send its next message the moment it sees this
         if live is not None:
             for sub in list(live.subscribers):
-                sub.offer(event)
+                sub.offer(stored)
 
 
 class Hub:
