@@ -78,7 +78,7 @@ from tools.snapshots import (
     build_manifest,
     restore_tree,
 )
-from tools.treewalk import TreeItem, TreeLimitError, remove_path, short_path
+from tools.treewalk import TreeItem, TreeLimitError, remove_path, scan_tree, short_path
 
 __all__ = [
     "ChangeEntry", "ChangeKind", "DirEntryInfo", "Snapshot", "Workspace", "WorkspaceError",
@@ -440,4 +440,9 @@ def _copy_tree(src: Path, dst: Path) -> None:
                           capture_output=True, text=True, errors="replace")
     if proc.returncode != 0:
         remove_path(dst.parent)
-        raise WorkspaceError(f"copying {src} failed: {proc.stderr.strip()[:2000]}")
+        try:  # the likely reason cp fails on a readable tree: one too deep for full paths
+            for _ in scan_tree(src):
+                pass
+        except TreeLimitError as exc:
+            raise WorkspaceError(f"cannot copy {src}: {exc}; workspaces hold trees up to that depth") from None
+        raise WorkspaceError(f"copying {src} failed: {short_path(proc.stderr.strip(), 1000)}")
