@@ -53,8 +53,7 @@ edits before or after a command in the step are applied in call order. If one co
 needs another's result, chain them in one call (`a && b`).
 Limits: a timeout (default {default} s, at most {max} s; the whole process tree is \
 killed when it expires, including background jobs), {memory} MiB of memory, {pids} \
-processes, files of at most {file} MiB, {disk} MiB for the whole workspace, and only \
-the first and last {output} KiB of output are shown."""
+processes, {disk}and only the first and last {output} KiB of output are shown."""
 
 
 class RunCommand:
@@ -77,8 +76,7 @@ class RunCommand:
                 max=max_timeout_s,
                 memory=self.limits.memory_bytes >> 20,
                 pids=self.limits.max_pids,
-                file=_mib(self.limits.file_bytes),
-                disk=_mib(self.limits.disk_bytes),
+                disk=_disk_phrase(self.limits),
                 output=self.limits.output_bytes >> 10,
             ),
             params=(
@@ -146,6 +144,15 @@ def header(result: CommandResult, limits: SandboxLimits) -> str:
             f"{_mib(limits.disk_bytes)} MiB): delete large files before running more commands"
         )
     return " · ".join(parts)
+
+
+def _disk_phrase(limits: SandboxLimits) -> str:
+    parts = []
+    if limits.file_bytes is not None:
+        parts.append(f"files of at most {_mib(limits.file_bytes)} MiB")
+    if limits.disk_bytes is not None:
+        parts.append(f"{_mib(limits.disk_bytes)} MiB for the whole workspace (checked after each command)")
+    return "".join(f"{p}, " for p in parts)
 
 
 def _mib(n: int | None) -> str:
