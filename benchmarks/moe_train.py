@@ -71,7 +71,8 @@ def throughput(preset: str, precision: str, batch: int, seq: int, steps: int, wa
 
 
 def parity(preset: str, steps: int, every: int, batch: int, seq: int, corpus_mb: int, vocab: int) -> dict[str, Any]:
-    corpus = build_corpus(max_bytes=corpus_mb << 20, seed=0)
+    # transcripts rendered with the profile the preset's checkpoints are served with (train() checks)
+    corpus = build_corpus(max_bytes=corpus_mb << 20, seed=0, prompt_profile=TrainConfig(preset=preset).profile.name)
     t0 = time.perf_counter()
 
     def sample(budget: int = 4 << 20):
