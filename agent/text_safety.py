@@ -18,10 +18,12 @@ terminal) cannot encode. They come from two places:
   valid high+low pair becomes the character it encodes, every other lone
   surrogate becomes U+FFFD, since there is no byte behind it to preserve.
 
+It is the spelling the file tools use too (``tools.paths.display_path``),
+and the path layer accepts it back (``tools.paths.fs_path``), so a name read
+from an event addresses the file.
+
 Not guaranteed: the ``\\xNN`` form is not injective -- a name that really
 contains the four characters backslash, ``x``, ``f``, ``f`` looks the same.
-Whether a tool accepts ``\\xNN`` back as a path is the path layer's decision
-(``tools/paths.py``), not this module's.
 
 **Inert on a terminal.** :func:`inert` makes text safe to write to a terminal:
 C0 controls except ``\\n`` and ``\\t`` are shown in caret notation (ESC is

@@ -75,6 +75,15 @@ def test_surrogateescaped_bytes_become_visible_escapes_other_surrogates_replacem
     assert AssistantDelta(step=1, text=plain).text is plain
 
 
+def test_byte_escapes_are_the_spelling_the_file_tools_show_and_accept() -> None:
+    from tools.paths import display_path, unescape_path
+
+    name = b"caf\xe9 \x80\xff.txt".decode("utf-8", "surrogateescape")
+    shown = AssistantDelta(step=1, text=name).text
+    assert shown == display_path(name) == "caf\\xe9 \\x80\\xff.txt"
+    assert unescape_path(shown) == name  # the path layer maps it back to the bytes
+
+
 def test_args_and_data_are_cleaned_recursively_into_json_values() -> None:
     e = ToolCallStarted(step=1, index=0, call_id="c", name="read_file", args=NESTED)
     assert e.args == {"k\ufffd": ["\\xff", {"deep": "\\xfe\\x80ok"}, ["t", "p\\xff"]], "7": [1, 2]}
