@@ -380,6 +380,8 @@ async def _run(args: argparse.Namespace) -> int:
             print("no workspace changes")
         if tmp is None:
             print(f"workspace kept at {workspace.root}")
+    if tmp is None:  # the host's git may now touch the kept tree: disable planted hooks and config
+        print(workspace.neutralise_git().summary(), file=sys.stderr)
     if tmp is not None:
         workspace.close()
         tmp.cleanup()

@@ -13,7 +13,8 @@ the tree (each ``.git`` directory, and any directory that looks like one:
 ``.git/modules/*`` and ``.git/worktrees/*``) it
 
 * moves ``hooks/`` aside to ``hooks.flywheel-disabled`` (with the executable
-  bits cleared) and leaves an empty ``hooks/``;
+  bits cleared) and leaves an empty ``hooks/``, unless it holds only git's
+  inert ``*.sample`` files;
 * rewrites ``config`` and ``config.worktree`` keeping only an allowlist of
   keys that cannot run a program (:data:`SAFE_CONFIG_KEYS`: repository
   format, core file-handling flags, user identity, remotes' URLs and refspecs,
@@ -168,14 +169,16 @@ def _disable_hooks(gdir: str, rel: str, report: GitNeutralised) -> None:
             try:
                 with os.scandir(hfd) as it:
                     entries = sorted(e.name for e in it)
-                for name in entries:
+                live = [n for n in entries if not (n.endswith(".sample") and stat.S_ISREG(
+                    os.stat(n, dir_fd=hfd, follow_symlinks=False).st_mode))]  # git never runs *.sample
+                for name in live:
                     est = os.stat(name, dir_fd=hfd, follow_symlinks=False)
                     if stat.S_ISREG(est.st_mode):
                         os.chmod(name, stat.S_IMODE(est.st_mode) & ~0o111, dir_fd=hfd)
                     report.hooks_disabled.append(posixpath.join(rel, "hooks", name))
             finally:
                 os.close(hfd)
-            if not entries:
+            if not live:
                 return
         else:
             report.hooks_disabled.append(posixpath.join(rel, "hooks"))
