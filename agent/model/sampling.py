@@ -140,6 +140,8 @@ class TextStream:
         """Length of the longest suffix of ``pending`` that starts some stop sequence."""
         best = 0
         for s in self._stops:
+            if s[0] not in pending[-(len(s) - 1):] if len(s) > 1 else True:
+                continue  # no suffix can start this stop (the common case: a cheap scan)
             for k in range(min(len(s) - 1, len(pending)), best, -1):
                 if pending.endswith(s[:k]):
                     best = k
