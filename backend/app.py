@@ -36,7 +36,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sandbox = None
         if settings.sandbox:
             try:
-                sandbox = make_sandbox(hide=[store.root, settings.data_dir])
+                sandbox = make_sandbox(hide=[store.root, settings.data_dir],
+                                       allow_unsandboxed=settings.unsafe_no_sandbox)
             except SandboxUnavailable as exc:
                 log.warning("%s — run_command is disabled for this server", exc)
         writer = EventWriter(session_log)
@@ -44,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.semantic_search:
             from embeddings.background import IndexPool
 
-            indexes = IndexPool(settings.index_dir or settings.data_dir / "index")
+            indexes = IndexPool(settings.search_index_dir)
         hub = Hub(
             log_=session_log, writer=writer, store=store, sandbox=sandbox,
             policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,

@@ -52,9 +52,9 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from agent.events import EVENT_ADAPTER
 from agent.text_safety import escape_json_text, inert, json_safe_value
+from backend.settings import ClientSettings, SettingsError, load_settings
 from backend.transcript import Transcript
 
-DEFAULT_SERVER = "http://127.0.0.1:8421"
 BACKOFF_FIRST_S = 0.2
 BACKOFF_MAX_S = 5.0
 GIVE_UP_S = 60.0
@@ -87,12 +87,18 @@ class ChatConfig:
     give_up_s: float = GIVE_UP_S  # reconnecting stops after this long without a connection
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, env: dict[str, str] | None = None) -> ChatConfig:
-        env = dict(os.environ) if env is None else env
-        token = args.token or env.get("FLYWHEEL_TOKEN")
+    def from_args(cls, args: argparse.Namespace, client: ClientSettings | None = None) -> ChatConfig:
+        """The chat's configuration: flags, else ``client`` (default: FLYWHEEL_SERVER / FLYWHEEL_TOKEN
+        read by :class:`backend.settings.ClientSettings`)."""
+        if client is None:
+            try:
+                client = load_settings(ClientSettings)
+            except SettingsError as exc:
+                raise ChatError(str(exc)) from None
+        token = args.token or client.token
         if not token:
             raise ChatError("no token: pass --token or set FLYWHEEL_TOKEN (`flywheel serve` prints one)")
-        server = (args.server or env.get("FLYWHEEL_SERVER") or DEFAULT_SERVER).rstrip("/")
+        server = (args.server or client.server).rstrip("/")
         if urlsplit(server).scheme not in ("http", "https"):
             raise ChatError(f"--server must be an http:// or https:// URL, not {server!r}")
         if (args.workspace is None) == (args.session is None):

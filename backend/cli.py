@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -188,17 +187,24 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
                    "(default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="where indexes and the shared embedding cache live "
-                   "(default $FLYWHEEL_INDEX_DIR, else ~/.local/share/flywheel/index: the cache a default flywheel serve uses too)")
+                   "(default: the server's index directory, FLYWHEEL_INDEX_DIR or FLYWHEEL_DATA_DIR/index, "
+                   "else ~/.local/share/flywheel/index: the cache flywheel serve and run --semantic-search use too)")
 
     def run(args: argparse.Namespace) -> int:
+        from backend.settings import LocalSettings, SettingsError, load_settings
         from embeddings.embedder import DEFAULT_MODEL, SentenceTransformerEmbedder
         from embeddings.index import WorkspaceIndex
 
         if not args.path.is_dir():
             print(f"flywheel index: not a directory: {args.path}", file=sys.stderr)
             return 2
+        try:
+            data_dir = args.data_dir or load_settings(LocalSettings).search_index_dir
+        except SettingsError as exc:
+            print(f"flywheel index: {exc}", file=sys.stderr)
+            return 2
         index = WorkspaceIndex(args.path, embedder=SentenceTransformerEmbedder(args.model or DEFAULT_MODEL),
-                               data_dir=args.data_dir)
+                               data_dir=data_dir)
         stats = index.refresh(progress=True)
         print(f"indexed {index.root}: {stats.files} files, {stats.chunks} chunks; "
               f"embedded {stats.embedded} now, reused {stats.reused} from the cache, "
@@ -319,7 +325,13 @@ async def _run(args: argparse.Namespace) -> int:
         raise CliError("choose a policy: --policy scripted:FILE.json or --policy openai[:MODEL]")
     policy = make_policy(policy_spec, base_url=args.base_url, model=args.model, api_key=args.api_key, api=args.api)
 
-    allow_unsafe = args.unsafe_no_sandbox or os.environ.get("FLYWHEEL_UNSAFE_NO_SANDBOX") == "1"
+    from backend.settings import LocalSettings, SettingsError, load_settings
+
+    try:  # FLYWHEEL_UNSAFE_NO_SANDBOX and the index directory, as the server reads them
+        local = load_settings(LocalSettings, unsafe_no_sandbox=args.unsafe_no_sandbox or None)
+    except SettingsError as exc:
+        raise CliError(str(exc)) from None
+    allow_unsafe = local.unsafe_no_sandbox
     tmp = None
     if args.data_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="flywheel-")
@@ -349,7 +361,7 @@ async def _run(args: argparse.Namespace) -> int:
         from embeddings.index import WorkspaceIndex
 
         print("indexing the workspace for semantic_search…", file=sys.stderr)
-        index = WorkspaceIndex(workspace.root)
+        index = WorkspaceIndex(workspace.root, data_dir=local.search_index_dir)
         stats = await asyncio.to_thread(index.refresh, progress=sys.stderr.isatty())
         print(f"indexed {stats.files} files, {stats.chunks} chunks ({stats.embedded} embedded now)", file=sys.stderr)
     session = build_session(

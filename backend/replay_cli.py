@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 import httpx
 
 from agent.events import event_from_json_or_none
+from backend.settings import DEFAULT_SERVER, ClientSettings, SettingsError, load_settings
 from backend.transcript import Transcript
-
-DEFAULT_SERVER = "http://127.0.0.1:8421"
 
 
 class ReplayError(Exception):
@@ -51,8 +49,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    server = (args.server or os.environ.get("FLYWHEEL_SERVER") or DEFAULT_SERVER).rstrip("/")
-    token = args.token or os.environ.get("FLYWHEEL_TOKEN")
+    try:
+        client = load_settings(ClientSettings)  # FLYWHEEL_SERVER, FLYWHEEL_TOKEN
+    except SettingsError as exc:
+        raise ReplayError(str(exc)) from None
+    server = (args.server or client.server).rstrip("/")
+    token = args.token or client.token
     if not token:
         raise ReplayError("no token: pass --token or set FLYWHEEL_TOKEN")
     if (args.from_step is None) != (args.policy is None):

@@ -1,4 +1,16 @@
-"""Server settings: one documented class, read from ``FLYWHEEL_*`` env vars.
+"""Settings read from ``FLYWHEEL_*`` env vars: the only place the packages read them.
+
+* :class:`ClientSettings`: the terminal clients (``flywheel chat``, ``flywheel replay``):
+  ``FLYWHEEL_SERVER``, ``FLYWHEEL_TOKEN``.
+* :class:`LocalSettings`: what every driver that runs sessions on this machine shares
+  (``flywheel serve``, ``flywheel run``, ``flywheel index``): the data directory, the
+  search-index directory (``data_dir/index`` unless ``FLYWHEEL_INDEX_DIR``; one embedding
+  cache for all three) and the unsafe no-sandbox switch.
+* :class:`Settings`: the server (a :class:`LocalSettings` plus everything ``serve`` needs).
+
+Values reach the other packages as arguments (``tools.sandbox.make_sandbox(allow_unsandboxed=)``,
+``WorkspaceIndex(data_dir=)``); ``tools/``, ``embeddings/`` and ``agent/`` never read the
+environment for ``FLYWHEEL_*`` themselves (``tests/test_package_rules.py`` checks).
 
 Fail-closed rules (checked by :meth:`Settings.check_secure`):
 
@@ -14,30 +26,68 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 from backend.net import is_loopback
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEMO_WORKSPACE = Path(__file__).with_name("demo") / "workspace"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8421
+DEFAULT_SERVER = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 
 def default_data_dir() -> Path:
+    """``$XDG_DATA_HOME/flywheel``, else ``~/.local/share/flywheel``."""
     base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
     return Path(base) / "flywheel"
+
+
+class SettingsError(ValueError):
+    """An environment variable (or override) has a value its setting refuses; the message
+    names the variable and what is wrong."""
 
 
 class InsecureSettings(ValueError):
     """The settings would expose the server unsafely; the message says what to change."""
 
 
-class Settings(BaseSettings):
+class _FlywheelEnv(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", extra="ignore")
 
-    host: str = Field("127.0.0.1", description="address to bind; non-loopback needs tokens and allowed origins")
-    port: int = Field(8421, ge=0, le=65535, description="TCP port (0 = pick a free one)")
+
+class ClientSettings(_FlywheelEnv):
+    """A terminal client's connection: ``FLYWHEEL_SERVER``, ``FLYWHEEL_TOKEN`` (flags override them)."""
+
+    server: str = Field(DEFAULT_SERVER, description="server URL")
+    token: str | None = Field(None, description="API token (`flywheel serve` prints one)")
+
+
+class LocalSettings(_FlywheelEnv):
+    """What ``serve``, ``run`` and ``index`` share, so they find one data directory and one
+    embedding cache by default. Not guaranteed: a flag given to one command (``--data-dir``)
+    does not move the others."""
+
     data_dir: Path = Field(default_factory=default_data_dir, description="database, workspaces, snapshots")
+    index_dir: Path | None = Field(
+        None, description="search indexes and the shared embedding cache; default data_dir/index "
+        "(the same place `flywheel index` and `flywheel run --semantic-search` use by default)")
+    unsafe_no_sandbox: bool = Field(
+        False, description="if bubblewrap is missing, run commands WITHOUT isolation instead of refusing "
+        "(dangerous; FLYWHEEL_UNSAFE_NO_SANDBOX=1, or `flywheel run --unsafe-no-sandbox`)")
+
+    @property
+    def search_index_dir(self) -> Path:
+        """Where search indexes and the embedding cache live: ``index_dir``, else ``data_dir/index``."""
+        return self.index_dir or self.data_dir / "index"
+
+
+class Settings(LocalSettings):
+    """The server's settings (``flywheel serve``), refusing unsafe exposed configurations."""
+
+    host: str = Field(DEFAULT_HOST, description="address to bind; non-loopback needs tokens and allowed origins")
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535, description="TCP port (0 = pick a free one)")
     db_url: str | None = Field(None, description="SQLAlchemy URL; default: SQLite file in data_dir")
     allowed_roots: list[Path] = Field(
         default_factory=lambda: [DEMO_WORKSPACE],
@@ -54,9 +104,6 @@ class Settings(BaseSettings):
         "chat", description="'completions' sends the runtime's own rendered prompt (use with `flywheel policy serve`)"
     )
     sandbox: bool = Field(True, description="run commands under bubblewrap; False refuses run_command")
-    index_dir: Path | None = Field(
-        None, description="search indexes and the shared embedding cache; default data_dir/index "
-        "(the same place `flywheel index` uses by default)")
     semantic_search: bool = Field(
         True, description="give sessions the semantic_search tool; each workspace is indexed in the background "
         "(embeddings cached in data_dir/index, shared by all workspaces)")
@@ -89,3 +136,22 @@ class Settings(BaseSettings):
             )
         if any(o in ("*", "null") for o in self.allowed_origins):
             raise InsecureSettings(f"refusing to listen on {self.host} with a wildcard allowed origin")
+
+
+S = TypeVar("S", bound="_FlywheelEnv")
+
+
+def load_settings(cls: type[S], **overrides: Any) -> S:
+    """``cls(**overrides)`` with the environment read, pydantic's errors turned into one
+    :class:`SettingsError` that names each ``FLYWHEEL_*`` variable at fault. An override of
+    None means "not given" (the environment or the default applies), as argparse leaves it."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            name = str(err["loc"][0]) if err["loc"] else "?"
+            where = f"--{name.replace('_', '-')}" if name in overrides else f"FLYWHEEL_{name.upper()}"
+            problems.append(f"{where}={err.get('input')!r}: {err['msg']}")
+        raise SettingsError("invalid setting: " + "; ".join(problems)) from None

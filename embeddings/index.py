@@ -1,7 +1,9 @@
 """A workspace's search index: chunks keyed by content hash, embeddings, BM25,
 hybrid search, and incremental updates.
 
-On-disk layout (``data_dir``, default :func:`default_data_dir`)::
+On-disk layout (``data_dir``, given by the caller: this package knows no default; the
+drivers pass ``backend.settings.LocalSettings.search_index_dir``, so ``flywheel index``,
+``flywheel run --semantic-search`` and ``flywheel serve`` share one cache)::
 
     embeddings.sqlite                    shared cache: (model, chunk content_hash) -> float32 vector
     indexes/<sha256(root)[:16]>/manifest.json
@@ -53,18 +55,6 @@ from embeddings.vectors import ANN_THRESHOLD, VectorIndex
 
 Mode = Literal["hybrid", "vector", "bm25"]
 MANIFEST_VERSION = 1
-
-
-def default_data_dir() -> Path:
-    """``$FLYWHEEL_INDEX_DIR``, else ``index/`` in the server's default data directory
-    (``$XDG_DATA_HOME/flywheel`` or ``~/.local/share/flywheel``), so ``flywheel index``,
-    ``flywheel run --semantic-search`` and a default ``flywheel serve`` share one
-    embedding cache."""
-    env = os.environ.get("FLYWHEEL_INDEX_DIR")
-    if env:
-        return Path(env)
-    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(base) / "flywheel" / "index"
 
 
 @dataclass(slots=True)
@@ -139,12 +129,12 @@ def _walk_fallback(root: Path) -> Iterator[str]:
 class WorkspaceIndex:
     """Index of one directory tree. Thread-safe (one lock); ``search`` syncs first."""
 
-    def __init__(self, root: str | os.PathLike[str], *, embedder: Embedder | None = None,
-                 data_dir: str | os.PathLike[str] | None = None, ann_threshold: int = ANN_THRESHOLD,
+    def __init__(self, root: str | os.PathLike[str], *, data_dir: str | os.PathLike[str],
+                 embedder: Embedder | None = None, ann_threshold: int = ANN_THRESHOLD,
                  max_tokens: int = 256, load: bool = True) -> None:
         self.root = Path(os.path.realpath(root))
         self.embedder: Embedder = embedder or SentenceTransformerEmbedder()
-        self.data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+        self.data_dir = Path(data_dir)
         self.max_tokens = max_tokens
         self.cache = EmbeddingCache(self.data_dir / "embeddings.sqlite", self.embedder.name)
         self.manifest_path = (self.data_dir / "indexes" / hashlib.sha256(str(self.root).encode()).hexdigest()[:16]

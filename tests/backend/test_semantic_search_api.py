@@ -65,7 +65,10 @@ def test_search_before_the_index_is_built_is_an_error_result_not_a_failure(searc
 
 
 def test_index_dir_setting_and_the_cli_default_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from embeddings.index import default_data_dir
+    from backend.settings import LocalSettings
+
+    def default_data_dir() -> Path:  # what `flywheel index` and `flywheel run --semantic-search` use
+        return LocalSettings().search_index_dir
 
     monkeypatch.setenv("FLYWHEEL_INDEX_DIR", str(tmp_path / "shared-index"))
     assert default_data_dir() == tmp_path / "shared-index"  # what `flywheel index` uses
