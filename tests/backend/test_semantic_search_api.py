@@ -30,7 +30,7 @@ def _results(events: list[dict]) -> list[dict]:
 def test_session_searches_its_workspace_and_sees_its_own_edits(search_api: Api) -> None:
     api = search_api
     hub = api.client.app.state.flywheel.hub  # type: ignore[attr-defined]
-    assert hub.indexes is not None and "semantic_search" in [t.spec.name for t in hub.tools()]
+    assert hub.indexes is not None
     hub.indexes.wait_s = 120.0  # the first search waits for the build (which loads the embedding model)
     s = api.create("alice", [
         call("semantic_search", {"query": "add two numbers"}),
@@ -77,3 +77,24 @@ def test_index_dir_setting_and_the_cli_default_agree(tmp_path: Path, monkeypatch
     monkeypatch.delenv("FLYWHEEL_INDEX_DIR")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert default_data_dir() == tmp_path / "xdg" / "flywheel" / "index"
+
+
+def test_reexecute_and_branch_of_a_session_that_never_searched_do_not_load_the_embedder(search_api: Api) -> None:
+    api = search_api
+    hub = api.client.app.state.flywheel.hub  # type: ignore[attr-defined]
+    s = api.create("alice", [call("read_file", {"path": "app.py"}), "it subtracts"])
+    h = api.h("alice")
+    api.client.post(f"/v1/sessions/{s['id']}/messages", json={"text": "look"}, headers=h)
+    wait_turn_end(api, s["id"])
+    report = api.client.post(f"/v1/sessions/{s['id']}/reexecute", headers=h).json()
+    assert report["counts"] == {"same": 1, "differs": 0, "missing": 0, "extra": 0}, report
+    r = api.client.post(f"/v1/sessions/{s['id']}/branch", headers=h,
+                        json={"from_step": 1, "policy": {"kind": "scripted", "outputs": ["branched"]}})
+    assert r.status_code == 201, r.text
+    branch = wait_turn_end(api, r.json()["id"], turns=2)
+    assert [e["text"] for e in branch if e["type"] == "assistant_message"][-1] == "branched"
+    # the branch still offers semantic_search (same tool set as the original), but nothing was indexed
+    live = hub.live.get(r.json()["id"])
+    assert live is None or "semantic_search" in live.session.tools
+    assert hub.indexes._embedder is None  # the embedding model was never loaded
+    assert {ix.state for ix in hub.indexes._indexes.values()} <= {"idle"}  # no index was built or queued
