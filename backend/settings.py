@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from backend.net import is_loopback
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEMO_WORKSPACE = Path(__file__).with_name("demo") / "workspace"
 DEFAULT_HOST = "127.0.0.1"
@@ -76,6 +76,16 @@ class LocalSettings(_FlywheelEnv):
     unsafe_no_sandbox: bool = Field(
         False, description="if bubblewrap is missing, run commands WITHOUT isolation instead of refusing "
         "(dangerous; FLYWHEEL_UNSAFE_NO_SANDBOX=1, or `flywheel run --unsafe-no-sandbox`)")
+    sandbox_extra_ro: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, description="host directories commands may read besides the system ones, "
+        "e.g. a Python with pytest (FLYWHEEL_SANDBOX_EXTRA_RO, colon-separated); never scanned for secrets")
+
+    @field_validator("sandbox_extra_ro", mode="before")
+    @classmethod
+    def _split_paths(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [Path(p) for p in value.split(":") if p]
+        return value
 
     @property
     def search_index_dir(self) -> Path:

@@ -78,7 +78,6 @@ from tools.supervisor import supervise
 
 log = logging.getLogger(__name__)
 
-EXTRA_RO_ENV_VAR = "FLYWHEEL_SANDBOX_EXTRA_RO"
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _LAUNCHER_FAILED = 125
 _warned: set[str] = set()
@@ -357,21 +356,19 @@ def make_sandbox(
     allow_unsandboxed: bool = False,
     hide: Sequence[Path] = (),
     bwrap: str = "bwrap",
-    environ: Mapping[str, str] | None = None,
     extra_ro: Sequence[Path] = (),
 ) -> Sandbox:
     """The sandbox to use: bubblewrap if it works here, else refuse (fail closed).
 
     ``allow_unsandboxed`` turns the refusal into an :class:`UnsandboxedRunner`; the
     caller decides it (``backend.settings.LocalSettings.unsafe_no_sandbox``, read from
-    ``FLYWHEEL_UNSAFE_NO_SANDBOX``): this module does not read that variable.
-    ``extra_ro`` plus the colon-separated directories in
-    ``FLYWHEEL_SANDBOX_EXTRA_RO`` are made readable inside the sandbox (e.g. a
-    Python installation with pytest; commands find only ``/usr/bin/python3``
-    otherwise). They are not scanned for secrets: name only toolchains.
+    ``FLYWHEEL_UNSAFE_NO_SANDBOX``): this module reads no environment variable.
+    ``extra_ro`` directories are made readable inside the sandbox (e.g. a Python
+    installation with pytest; commands find only ``/usr/bin/python3`` otherwise;
+    the operator's ``FLYWHEEL_SANDBOX_EXTRA_RO``, ``LocalSettings.sandbox_extra_ro``).
+    They are not scanned for secrets: name only toolchains.
     """
-    environ = os.environ if environ is None else environ
-    extra = [*extra_ro, *(Path(p) for p in environ.get(EXTRA_RO_ENV_VAR, "").split(":") if p)]
+    extra = list(extra_ro)
     reason = probe_bwrap(bwrap)
     if reason is None:
         return BubblewrapSandbox(bwrap=bwrap, hide=hide, extra_ro=extra)

@@ -67,3 +67,10 @@ def test_flywheel_run_reads_the_unsafe_switch_through_settings(tmp_path: Path) -
     r = subprocess.run([sys.executable, "-m", "backend.cli", "run"], capture_output=True, text=True, timeout=110,
                        cwd=REPO, env=_clean_env(tmp_path, FLYWHEEL_UNSAFE_NO_SANDBOX="sure"))
     assert r.returncode == 1 and "FLYWHEEL_UNSAFE_NO_SANDBOX='sure'" in r.stderr, r.stderr
+
+
+def test_sandbox_extra_ro_is_colon_separated(monkeypatch) -> None:
+    from backend.settings import LocalSettings
+
+    monkeypatch.setenv("FLYWHEEL_SANDBOX_EXTRA_RO", "/opt/py:/srv/tools")
+    assert LocalSettings().sandbox_extra_ro == [Path("/opt/py"), Path("/srv/tools")]

@@ -127,7 +127,7 @@ async def test_extra_ro_exposes_a_toolchain(tmp_path: Path) -> None:
     python = Path(sys.prefix) / "bin" / "python"
     hidden = await BubblewrapSandbox().run(f"{python} -m pytest --version", tmp_path / "ws")
     assert hidden.exit_code != 0
-    sandbox = make_sandbox(environ={"FLYWHEEL_SANDBOX_EXTRA_RO": ":".join(map(str, prefixes))})
+    sandbox = make_sandbox(extra_ro=prefixes)
     shown = await sandbox.run(f"{python} -m pytest --version", tmp_path / "ws")
     assert shown.exit_code == 0 and "pytest" in shown.output, shown.output
     written = await sandbox.run(f"touch {prefixes[0]}/fw-probe", tmp_path / "ws")

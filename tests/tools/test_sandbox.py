@@ -406,17 +406,18 @@ async def test_unsandboxed_runner_kills_background_jobs(cgroups: CgroupV1, ws: P
 
 def test_make_sandbox_refuses_without_bwrap() -> None:
     with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
-        make_sandbox(bwrap="/nonexistent/bwrap", environ={})
+        make_sandbox(bwrap="/nonexistent/bwrap")
 
 
 def test_make_sandbox_opt_out_gives_unsandboxed_runner() -> None:
     missing = "/nonexistent/bwrap"
     assert isinstance(make_sandbox(bwrap=missing, allow_unsandboxed=True), UnsandboxedRunner)
     # the switch is the caller's argument (backend.settings.LocalSettings), never this module's env read
-    with pytest.raises(SandboxUnavailable):
-        make_sandbox(bwrap=missing, environ={"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"})
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(SandboxUnavailable):
+        mp.setenv("FLYWHEEL_UNSAFE_NO_SANDBOX", "1")
+        make_sandbox(bwrap=missing)
 
 
 @needs_bwrap
 def test_make_sandbox_prefers_bubblewrap() -> None:
-    assert isinstance(make_sandbox(environ={}), BubblewrapSandbox)
+    assert isinstance(make_sandbox(), BubblewrapSandbox)
