@@ -36,7 +36,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sandbox = None
         if settings.sandbox:
             try:
-                sandbox = make_sandbox(hide=[store.root, settings.data_dir],
+                sandbox = make_sandbox(hide=[store.root, settings.data_dir], extra_ro=settings.sandbox_extra_ro,
                                        allow_unsandboxed=settings.unsafe_no_sandbox)
             except SandboxUnavailable as exc:
                 log.warning("%s — run_command is disabled for this server", exc)

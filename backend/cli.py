@@ -340,7 +340,7 @@ async def _run(args: argparse.Namespace) -> int:
         store_root = args.data_dir
     store = WorkspaceStore(store_root)
     try:
-        sandbox = make_sandbox(allow_unsandboxed=allow_unsafe, hide=[store.root])
+        sandbox = make_sandbox(allow_unsandboxed=allow_unsafe, hide=[store.root], extra_ro=local.sandbox_extra_ro)
     except SandboxUnavailable as exc:
         raise CliError(str(exc)) from None
     try:
