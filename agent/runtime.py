@@ -42,8 +42,7 @@ from tools.base import Tool
 from tools.registry import default_tools
 
 if TYPE_CHECKING:
-    from embeddings.types import SearchHit
-    from tools.protocols import Sandbox, SearchIndex, Workspace
+    from tools.protocols import Sandbox, SearchHit, SearchIndex, Workspace
 
 __all__ = ["LazySearchIndex", "SessionParts", "build_session", "prompt_profile_for", "session_tools"]
 

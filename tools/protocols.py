@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from tools.sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from embeddings.types import SearchHit
+    # Re-exported for type checkers (agent/ may not import embeddings/, even for types).
+    from embeddings.types import SearchHit as SearchHit
     from tools.base import FileEdit
     from tools.diffs import ChangeEntry
     from tools.snapshots import Snapshot
