@@ -74,9 +74,13 @@ def json_safe_text(text: str) -> str:
     The result always encodes as UTF-8. Text without surrogates is returned
     unchanged (the same object).
     """
-    if _SURROGATES.search(text) is None:
+    if text.isascii():  # fast paths: a regex scan costs ~5 ns a character, these far less
         return text
-    return _SURROGATES.sub(_surrogate, text)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return _SURROGATES.sub(_surrogate, text)
 
 
 def json_safe_value(value: Any, _depth: int = 0) -> Any:
@@ -151,6 +155,12 @@ def escape_json_text(json_text: str) -> str:
     only occur inside string literals, where ``\\uXXXX`` means the same.
     C0 controls are already escaped by any JSON encoder.
     """
-    if _JSON_ACTIVE.search(json_text) is None:
+    if json_text.isascii() and "\x7f" not in json_text:  # DEL is ASCII
+        return json_text
+    raw = json_text.encode("utf-8", "surrogatepass")
+    # UTF-8 lead bytes of every character in _JSON_ACTIVE: DEL; U+0080..U+009F (C2 80..9F);
+    # U+061C (D8 9C); U+200E..U+202E, U+2066..U+2069 (E2 80 / E2 81). A bytes search is memchr-fast.
+    if b"\x7f" not in raw and b"\xc2" not in raw and b"\xd8\x9c" not in raw and b"\xe2\x80" not in raw \
+            and b"\xe2\x81" not in raw:
         return json_text
     return _JSON_ACTIVE.sub(lambda m: f"\\u{ord(m.group()):04x}", json_text)

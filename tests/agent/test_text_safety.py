@@ -53,6 +53,13 @@ def test_json_escape_keeps_the_value_exact() -> None:
     assert ACTIVE.search(line) is None and "\u2028" not in line
 
 
+@pytest.mark.parametrize("text", ["only ascii and DEL \x7f", "C1 only \x85", "bidi only \u2066", "ALM \u061c"])
+def test_json_escape_finds_each_kind_alone(text: str) -> None:
+    # each fast path (pure ASCII, no suspicious UTF-8 lead bytes) must still catch these
+    line = escape_json_text(json.dumps(text, ensure_ascii=False))
+    assert json.loads(line) == text and ACTIVE.search(line) is None
+
+
 def test_json_safe_text_forms() -> None:
     assert json_safe_text("\udc80\udcff") == "\\x80\\xff"
     assert json_safe_text("\udc7f\udd00") == "\ufffd\ufffd"  # surrogates surrogateescape never produces
