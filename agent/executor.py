@@ -21,8 +21,17 @@ Cancellation (a user interrupt) cancels every running tool; tools are written
 so that cancellation leaves no half-written file (atomic writes) and no
 process behind (the sandbox kills its process tree).
 
+Every result passes through one gate before anyone sees it: its output is
+capped at :data:`tools.base.MAX_RESULT_BYTES` (and each edit's diff at
+:data:`tools.base.MAX_EDIT_DIFF_BYTES`) with a note saying what was cut and
+how to see more, and the workspace's host location (its root, the store's
+root) is replaced by workspace-relative text, so no result depends on where
+the workspace lives. An ``OSError`` escaping a tool becomes an error result
+with its reason and relative path.
+
 Not guaranteed: ordering between calls that alias one file through symlinks,
-or between different executors on one workspace.
+or between different executors on one workspace; host paths other than the
+workspace's and its store's are not recognised.
 """
 
 from __future__ import annotations
@@ -37,6 +46,18 @@ from agent.calls import CallRejected, ToolCall
 from tools.base import Resources, Tool, ToolContext, ToolError, ToolResult
 
 log = logging.getLogger(__name__)
+
+MORE_HINTS: Mapping[str, str] = {
+    "read_file": "Read a smaller range with start_line/end_line.",
+    "list_dir": "List a subdirectory, or use glob with a narrower pattern.",
+    "glob": "Use a narrower pattern, or a path deeper in the tree.",
+    "grep": "Use a more specific pattern, or limit it with path or a glob.",
+    "edit_file": "The edit was applied; read_file the changed lines (start_line/end_line) to check them.",
+    "write_file": "The file was written; read_file it with start_line/end_line to check parts of it.",
+    "run_command": "Redirect the output to a file and grep or read_file it, or pipe it through head/tail.",
+}
+"""What a truncation note tells the model to do, per tool."""
+DEFAULT_HINT = "Ask for less output: a narrower path or pattern, or a line range."
 
 
 @dataclass(slots=True)
@@ -101,6 +122,8 @@ class Executor:
             result = ToolResult.error(call.message)
         else:
             result = await self._invoke(call)
+        name = call.name or "the call"
+        result = _relative(result, self._host_roots()).capped(name, MORE_HINTS.get(name, DEFAULT_HINT))
         self._ctx.after_call(resources, result)  # the search index learns of edits before anyone reads them
         outcome = CallOutcome(call, result, submitted, started, time.perf_counter())
         self._outcomes[call.index] = outcome  # from here on, cancel() lets it report
@@ -116,9 +139,24 @@ class Executor:
             return ToolResult.error(str(exc))
         except asyncio.CancelledError:
             raise
+        except OSError as exc:  # the reason is the model's to read; the scrub makes the path relative
+            where = f": {exc.filename}" if exc.filename else ""
+            return ToolResult.error(f"{call.name} failed: {exc.strerror or type(exc).__name__}{where}")
         except Exception as exc:  # a bug in a tool must not kill the session
             log.exception("tool %s failed", call.name)
             return ToolResult.error(f"internal error in {call.name}: {type(exc).__name__}: {exc}")
+
+    def _host_roots(self) -> list[tuple[str, str]]:
+        """``(host prefix, replacement)`` pairs, longest first: the workspace root, then its store."""
+        ws = self._ctx.workspace
+        pairs: list[tuple[str, str]] = []
+        root = getattr(ws, "root", None)
+        if root is not None:
+            pairs.append((str(root), "."))
+        store_root = getattr(getattr(ws, "store", None), "root", None)
+        if store_root is not None:
+            pairs.append((str(store_root), "<workspace store>"))
+        return sorted(pairs, key=lambda p: -len(p[0]))
 
     async def results(self) -> list[CallOutcome]:
         """Wait for every submitted call; outcomes sorted by call index."""
@@ -154,3 +192,14 @@ class Executor:
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+def _relative(result: ToolResult, roots: list[tuple[str, str]]) -> ToolResult:
+    """``result`` with each host root in its output replaced (``root/x`` becomes ``x``)."""
+    out = result.output
+    for prefix, repl in roots:
+        if prefix and prefix in out:
+            out = out.replace(prefix + "/", "" if repl == "." else repl + "/").replace(prefix, repl)
+    if out is result.output:
+        return result
+    return ToolResult(result.ok, out, result.data, result.edits)

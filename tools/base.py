@@ -111,13 +111,42 @@ class FileEdit:
     deleted: bool = False
 
 
+MAX_RESULT_BYTES = 256 << 10
+"""Cap on a result's ``output`` (UTF-8 bytes) as the model reads it; the executor enforces it."""
+MAX_EDIT_DIFF_BYTES = 256 << 10
+"""Cap on each ``FileEdit.diff`` a result carries to clients and the session log."""
+
+
+def cut_text(text: str, limit: int) -> str | None:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, or None if it already fits.
+
+    The cut falls at a line end when one is in the last quarter of the kept
+    part, else at a character boundary. Surrogate escapes (from non-UTF-8
+    bytes) are measured as three bytes each and kept.
+    """
+    if len(text) * 4 <= limit:
+        return None
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= limit:
+        return None
+    cut = max(limit, 0)
+    while cut > 0 and raw[cut] & 0xC0 == 0x80:  # not inside a multi-byte character
+        cut -= 1
+    line_end = raw.rfind(b"\n", 0, cut)
+    if line_end >= cut * 3 // 4:
+        cut = line_end + 1
+    return raw[:cut].decode("utf-8", "surrogatepass")
+
+
 @dataclass(slots=True)
 class ToolResult:
     """What a tool returns. ``output`` is what the model reads.
 
     ``ok`` is False for a failed call (the model is told it failed); ``data``
     carries structured facts for clients (exit code, counts, truncation) and
-    must be JSON-serialisable.
+    must be JSON-serialisable. Every result passes through :meth:`capped` in
+    the executor, so a tool's own limits are a courtesy (a better cut), not
+    the guarantee.
     """
 
     ok: bool
@@ -128,6 +157,37 @@ class ToolResult:
     @classmethod
     def error(cls, message: str, **data: Any) -> ToolResult:
         return cls(ok=False, output=message, data=data)
+
+    def capped(self, tool: str, more: str, limit: int = MAX_RESULT_BYTES,
+               diff_limit: int = MAX_EDIT_DIFF_BYTES) -> ToolResult:
+        """This result with ``output`` cut to ``limit`` bytes and each edit's diff to ``diff_limit``.
+
+        A cut ends with a note naming what was cut and ``more`` (how to see
+        the rest); ``data["output_cut"]`` then holds the original size in bytes.
+        Returns ``self`` when nothing needs cutting.
+        """
+        kept = cut_text(self.output, max(limit - 400, 0))
+        edits = [_capped_edit(e, diff_limit) for e in self.edits]
+        if kept is None and all(a is b for a, b in zip(edits, self.edits, strict=True)):
+            return self
+        data = dict(self.data)
+        output = self.output
+        if kept is not None:
+            total = len(self.output.encode("utf-8", "surrogatepass"))
+            shown = len(kept.encode("utf-8", "surrogatepass"))
+            output = (f"{kept}{'' if kept.endswith(chr(10)) else chr(10)}[... output cut: {tool} returned "
+                      f"{total} bytes, only the first {shown} are shown (the limit is {limit}). {more}]\n")
+            data["output_cut"] = total
+        return ToolResult(self.ok, output, data, edits)
+
+
+def _capped_edit(edit: FileEdit, limit: int) -> FileEdit:
+    kept = cut_text(edit.diff, max(limit - 200, 0))
+    if kept is None:
+        return edit
+    note = (f"{kept}{'' if kept.endswith(chr(10)) else chr(10)}[... diff cut: "
+            f"{len(edit.diff.encode('utf-8', 'surrogatepass'))} bytes in all; read the file to see the rest]\n")
+    return FileEdit(edit.path, note, edit.created, edit.deleted)
 
 
 class ToolError(Exception):

@@ -20,11 +20,15 @@ from tools.paths import resource_key
 from tools.workspace import Workspace
 
 MAX_LOCATIONS = 10
+MAX_EDIT_FILE_BYTES = 32 << 20
+"""Largest file edit_file reads (it holds the old and the new content in memory)."""
 
 
 class EditFile:
     """Not guaranteed: the read-modify-write is atomic per file only against other
-    tool calls (the executor serialises writes to one path), not against commands."""
+    tool calls (the executor serialises writes to one path), not against commands.
+    Files over 32 MiB are refused before they are read; the diff of a file over
+    1 MiB is a one-line "large file, not shown" note."""
 
     spec = ToolSpec(
         name="edit_file",
@@ -57,7 +61,14 @@ class EditFile:
 
 
 def _edit(ws: Workspace, path: str, search: str, replace: str) -> ToolResult:
-    data = ws.read_bytes(path)
+    size = ws.file_size(path)
+    if size > MAX_EDIT_FILE_BYTES:
+        raise ToolError(f"{path} is {size} bytes; edit_file edits files up to {MAX_EDIT_FILE_BYTES >> 20} MiB "
+                        "(use run_command with a stream editor such as sed for larger files)")
+    data = ws.read_bytes(path, limit=MAX_EDIT_FILE_BYTES + 1)
+    if len(data) > MAX_EDIT_FILE_BYTES:
+        raise ToolError(f"{path} grew past {MAX_EDIT_FILE_BYTES >> 20} MiB while it was read; edit_file "
+                        "edits files up to that size")
     old, new = search.encode(), replace.encode()
     note = ""
     starts = _find_all(data, old)

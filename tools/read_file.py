@@ -6,12 +6,12 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from tools.base import ParamSpec, ParamType, Resources, ToolContext, ToolError, ToolResult, ToolSpec
+from tools.base import MAX_RESULT_BYTES, ParamSpec, ParamType, Resources, ToolContext, ToolError, ToolResult, ToolSpec
 from tools.diffs import is_binary, split_lines
 from tools.paths import resource_key
 
 MAX_LINES = 2000
-MAX_OUTPUT_BYTES = 256 << 10
+MAX_OUTPUT_BYTES = MAX_RESULT_BYTES - (4 << 10)  # room for the notes under the executor's cap
 MAX_LINE_CHARS = 8000
 MAX_FILE_BYTES = 64 << 20
 
@@ -24,7 +24,8 @@ Use list_dir for directories."""
 
 
 class ReadFile:
-    """Not guaranteed: files over 64 MiB are refused; non-UTF-8 text counts as binary."""
+    """Not guaranteed: files over 64 MiB are refused (before any byte is read); non-UTF-8
+    text counts as binary."""
 
     spec = ToolSpec(
         name="read_file",
@@ -48,6 +49,10 @@ class ReadFile:
             raise ToolError(f"start_line must be >= 1 (got {start})")
         if end is not None and end < start:
             raise ToolError(f"end_line ({end}) is before start_line ({start})")
+        size = await asyncio.to_thread(ctx.workspace.file_size, path)
+        if size > MAX_FILE_BYTES:
+            raise ToolError(f"{path} is {size} bytes, larger than read_file's {MAX_FILE_BYTES >> 20} MiB "
+                            "limit; use grep to find the lines you need")
         data = await asyncio.to_thread(ctx.workspace.read_bytes, path, limit=MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
             raise ToolError(
