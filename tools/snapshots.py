@@ -71,7 +71,7 @@ __all__ = [
 ]
 
 MANIFEST_VERSION = 1
-MAX_SNAPSHOT_FILE_BYTES = 256 << 20
+MAX_SNAPSHOT_FILE_BYTES = 1 << 30
 """Largest regular file (apparent size) a snapshot holds by default."""
 SMALL_FILE_BYTES = 1 << 20
 """Files up to this size are read in one piece; larger ones are streamed."""

@@ -13,7 +13,7 @@ restore) walk by directory fds and never follow symlinks.
 
 Limits (each fails with a clear error or a note, never by exhausting memory):
 a workspace is created only if it can be snapshotted exactly, so a file over
-``max_file_bytes`` (default 256 MiB, apparent size) or a tree deeper than
+``max_file_bytes`` (default 1 GiB, apparent size) or a tree deeper than
 :data:`~tools.treewalk.MAX_TREE_DEPTH` levels makes creation fail with a
 :class:`WorkspaceError` naming the file. Later (after a model made such a
 file or tree), ``diff`` shows files over

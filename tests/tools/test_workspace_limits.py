@@ -99,7 +99,7 @@ def test_creating_a_workspace_with_an_8g_file_is_refused_in_bounded_memory(store
     sparse(src_tree / "big", BIG)
     used, exc = peak(lambda: pytest.raises(WorkspaceError, store.from_dir, src_tree))
     assert used < PEAK_LIMIT
-    assert "'big' is 8.0 GiB" in str(exc.value) and "up to 256.0 MiB" in str(exc.value)
+    assert "'big' is 8.0 GiB" in str(exc.value) and "up to 1.0 GiB" in str(exc.value)
     assert disk_bytes(store.root) < 1 << 20  # no blob, and the half-made workspace is gone
     assert list((store.root / "ws").iterdir()) == []
 
