@@ -241,9 +241,10 @@ def copy_fd(src: int, dst: int, size: int, hasher: Hasher | None = None) -> int:
 def remove_tree(dir_fd: int, name: str) -> None:
     """Remove ``name`` (relative to ``dir_fd``) and everything under it; never follows a link.
 
-    Iterative and depth-independent: each subdirectory's entries are renamed
-    up into the directory being removed, then the emptied subdirectory is
-    removed, so every entry moves at most once and two fds are open at a time.
+    Iterative and depth-independent: a subdirectory's files are unlinked and
+    its subdirectories renamed up into the directory being removed, then the
+    emptied subdirectory is removed, so every directory moves at most once and
+    two fds are open at a time.
     Directories without search permission are given it first. A missing
     ``name`` is not an error.
     """
@@ -267,8 +268,13 @@ def remove_tree(dir_fd: int, name: str) -> None:
                     continue
                 sub = _open_dir(top, entry)
                 try:
-                    for child in _sorted_names(sub):
-                        os.rename(child, f".fw-rm-{secrets.token_hex(8)}", src_dir_fd=sub, dst_dir_fd=top)
+                    with os.scandir(sub) as it:
+                        children = [(c.name, c.is_dir(follow_symlinks=False)) for c in it]
+                    for child, is_dir in children:
+                        if is_dir:  # moved up: removed by a later pass, with no recursion
+                            os.rename(child, f".fw-rm-{secrets.token_hex(8)}", src_dir_fd=sub, dst_dir_fd=top)
+                        else:
+                            os.unlink(child, dir_fd=sub)
                 finally:
                     os.close(sub)
                 os.rmdir(entry, dir_fd=top)
