@@ -21,8 +21,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from agent.events import AssistantMessage, Event, TurnEnd
-from agent.history import history_from_events
+from agent.events import Event, TurnEnd
+from agent.history import closing_events, history_from_events
 from agent.policy import Policy
 from agent.runtime import LazySearchIndex, SessionParts, build_session
 from agent.session import Limits, Session
@@ -146,24 +146,28 @@ class Hub:
     # -- lifecycle -------------------------------------------------------------
 
     async def recover(self) -> int:
-        """After a restart: mark turns that were in flight as interrupted."""
+        """After a restart: close the turns that were in flight when the server died.
+
+        Each open turn gets what the session would have written had it stopped
+        cleanly (:func:`agent.history.closing_events`): the partial model
+        output of the step that was streaming, a cancelled result for every
+        call that was running, and a ``turn_end`` (``shutdown``) with the true
+        step count — so the conversation the model sees next includes every
+        call whose effect may be in the workspace. Returns how many sessions
+        were marked idle again.
+        """
         stale = await asyncio.to_thread(self.log.sessions_with_status, "running")
         for info in stale:
             events = await asyncio.to_thread(self.log.all_events, info.id)
-            if events and not isinstance(events[-1], TurnEnd):
-                last = events[-1]
-                done = [e for e in events if e.turn == last.turn and isinstance(e, AssistantMessage)]
-                end = TurnEnd(reason="interrupted", steps=len(done), output_tokens=sum(e.output_tokens for e in done),
-                              detail="the server stopped during this turn",
-                              seq=last.seq + 1, session_id=info.id, turn=last.turn)
-                await self.writer.append(end)
+            for event in closing_events(events, detail="the server stopped during this turn (closed at restart)"):
+                await self.writer.append(event)
             await asyncio.to_thread(self.log.set_status, info.id, "idle")
         return len(stale)
 
     async def shutdown(self) -> None:
         for live in list(self.live.values()):
             if live.running:
-                live.session.interrupt()
+                live.session.interrupt(reason="shutdown")
                 await asyncio.wait([live.turn_task])  # type: ignore[list-item]
             for sub in list(live.subscribers):
                 sub.close()

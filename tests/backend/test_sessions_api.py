@@ -166,7 +166,7 @@ def test_git_source_at_commit(api: Api) -> None:
     assert bad.status_code == 400
 
 
-def test_restart_marks_inflight_turn_interrupted_and_resumes(api: Api) -> None:
+def test_restart_closes_inflight_turn_and_resumes(api: Api) -> None:
     s = api.create("alice", ["slow " * 300, "resumed fine"], chunk_chars=2, delay_s=0.01)
     h = api.h("alice")
     api.client.post(f"/v1/sessions/{s['id']}/messages", json={"text": "go"}, headers=h)
@@ -190,7 +190,7 @@ def test_restart_marks_inflight_turn_interrupted_and_resumes(api: Api) -> None:
     with TestClient(create_app(api.settings)) as client:
         events = client.get(f"/v1/sessions/{s['id']}/events?limit=5000", headers=h).json()["events"]
         ends = [e for e in events if e["type"] == "turn_end"]
-        assert len(ends) == 1 and ends[0]["reason"] == "interrupted"
+        assert len(ends) == 1 and ends[0]["reason"] == "shutdown"  # not "the user interrupted"
         assert "server stopped" in ends[0]["detail"]
         assert client.get(f"/v1/sessions/{s['id']}", headers=h).json()["status"] == "idle"
         assert client.post(f"/v1/sessions/{s['id']}/messages", json={"text": "again"}, headers=h).status_code == 202
