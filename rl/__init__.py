@@ -1,1 +1,3 @@
-"""Placeholder: built by a later issue (see ../shared/ARCHITECTURE.md)."""
+"""The RL flywheel: task sets and graders (``rl.tasks``), rollouts through the
+production runtime on Ray (``rl.rollout``), GRPO training of the MoE policy
+(``rl.train``). Imports nothing heavy at import time."""

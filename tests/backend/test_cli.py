@@ -102,8 +102,9 @@ def test_bad_input_gets_a_clear_error_without_traceback(args: list[str], message
     assert "Traceback" not in r.stderr
 
 
-def test_model_server_down_is_reported() -> None:
-    r = flywheel("run", "--workspace", ".", "--policy", "openai", "--base-url", "http://127.0.0.1:9/v1", "hi",
+def test_model_server_down_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "main.py").write_text("print('hi')\n")  # a small tree: the repo itself holds a 3 GB .venv
+    r = flywheel("run", "--workspace", str(tmp_path), "--policy", "openai", "--base-url", "http://127.0.0.1:9/v1", "hi",
                  env={"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"} if shutil.which("bwrap") is None else None)
     assert r.returncode == 1
     assert "cannot reach the OpenAI-compatible server" in r.stdout + r.stderr
