@@ -1,0 +1,158 @@
+"""One config file per RL run (``flywheel rl train --config FILE``).
+
+A run is described by a single file — YAML (``.yaml``/``.yml``), TOML
+(``.toml``) or JSON (``.json``) — validated into :class:`RunConfig`. Every
+section refuses unknown keys (``extra="forbid"``) and the error names the key
+and where it is, so a typo (``gruop_size``) fails before anything runs.
+
+The same file with a bigger ``model.preset`` and more ``rollout.workers`` is
+what a GPU cluster runs; nothing else in it is CPU-specific except the
+defaults' sizes.
+
+Not guaranteed: that the file's values make a *good* run (a learning rate that
+diverges is valid); that the tasks file exists when the config is loaded (it
+is opened when the run starts and its errors name it then).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["ConfigError", "GRPOConfig", "LimitsConfig", "ModelSection", "RolloutConfig", "RunConfig",
+           "SFTConfig", "load_run_config"]
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names the file and the offending key."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Section):
+    preset: str = "tiny"  # agent.model.config.ModelConfig.preset
+    init: Path | None = None  # a checkpoint to start from (the SFT output); None: random init (tests)
+    precision: Literal["fp32", "bf16", "mxfp8"] = "fp32"  # trainer numerics (ModelConfig.precision)
+    prompt_profile: str | None = None  # None: the init checkpoint's profile, else the preset's default
+
+
+class GRPOConfig(_Section):
+    """The GRPO objective; each field's meaning is in :mod:`rl.train.grpo`."""
+
+    group_size: int = Field(8, ge=2)  # G rollouts per task (a baseline needs at least 2)
+    eps_low: float = Field(0.2, ge=0.0, lt=1.0)  # PPO clip below: ratio >= 1 - eps_low
+    eps_high: float = Field(0.28, ge=0.0)  # clip-high (DAPO): ratio <= 1 + eps_high
+    tis_clip: float = Field(2.0, gt=0.0)  # truncated importance sampling cap on pi_old / pi_sampler
+    std_normalise: bool = False  # divide advantages by the group's reward std (GRPO); off = Dr. GRPO
+    kl_coef: float = Field(0.0, ge=0.0)  # k3 KL to the initial policy; 0 = no reference model (default)
+    aux_loss_coef: float = Field(0.01, ge=0.0)  # MoE load-balancing term (replaces the checkpoint's coefficient)
+    norm_tokens: int = Field(1024, ge=1)  # Dr. GRPO's constant: loss = sum over tokens / (rows * norm_tokens)
+    compact_filtering: bool = False  # DeepSWE: drop rollouts that hit a limit from the loss
+    routing_replay: bool = False  # train with the experts the sampler used (needs recorded routes)
+    minibatches: int = Field(1, ge=1)  # optimizer steps per iteration (later ones are off-policy: PPO clip)
+    micro_batch: int = Field(4, ge=1)  # rows per forward (gradient accumulation; bounds memory)
+
+
+class LimitsConfig(_Section):
+    max_model_calls: int = Field(8, ge=1)
+    max_output_tokens: int = Field(2048, ge=1)
+    max_wall_s: float = Field(120.0, gt=0.0)
+
+
+class RolloutConfig(_Section):
+    workers: int = Field(1, ge=1)
+    address: str | None = None  # a Ray cluster to join; None: ray.init() locally
+    temperature: float = Field(1.0, ge=0.0)
+    max_tokens_per_call: int = Field(256, ge=1)
+
+
+class SFTConfig(_Section):
+    lr: float = Field(1e-3, gt=0.0)
+    batch: int = Field(4, ge=1)
+    max_epochs: int = Field(20, ge=1)
+    eval_every: int = Field(10, ge=1)  # steps between held-out evaluations
+    patience: int = Field(3, ge=1)  # evaluations without improvement before stopping
+    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+
+
+class RunConfig(_Section):
+    name: str = "run"
+    seed: int = 0
+    out_dir: Path = Path("runs/rl")
+    tasks: Path | None = None  # the task set (JSONL written by `flywheel rl tasks build`)
+    iterations: int = Field(10, ge=1)
+    tasks_per_iteration: int = Field(4, ge=1)
+    lr: float = Field(1e-4, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float = Field(1.0, gt=0.0)
+    checkpoint_every: int = Field(1, ge=1)
+    model: ModelSection = ModelSection()
+    grpo: GRPOConfig = GRPOConfig()
+    limits: LimitsConfig = LimitsConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    sft: SFTConfig = SFTConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> RunConfig:
+        from agent.model.config import ModelConfig
+
+        try:
+            ModelConfig.preset(self.model.preset)
+        except ValueError as exc:
+            raise ValueError(f"model.preset: {exc}") from None
+        return self
+
+
+def _parse(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        elif suffix == ".toml":
+            data = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"{path}: unknown config format {suffix!r}; use .yaml, .yml, .toml or .json")
+    except ConfigError:
+        raise
+    except Exception as exc:  # yaml.YAMLError, tomllib.TOMLDecodeError, json.JSONDecodeError
+        raise ConfigError(f"{path}: not valid {suffix.lstrip('.')}: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys to values, not {type(data).__name__}")
+    return data
+
+
+def validate_run_config(data: dict[str, Any], *, source: str = "config") -> RunConfig:
+    """``data`` as a :class:`RunConfig`; :class:`ConfigError` naming every bad key and why."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            if err["type"] == "extra_forbidden":
+                problems.append(f"unknown key {where!r}")
+            else:
+                problems.append(f"{where}: {err['msg']}")
+        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """Read and validate a run config file. Relative paths inside it stay relative to the
+    working directory (not to the file), as the CLI's own path options are."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"no config file at {p}")
+    return validate_run_config(_parse(p), source=str(p))

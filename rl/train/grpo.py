@@ -1,0 +1,358 @@
+"""GRPO on the MoE policy, as the strongest recent recipes run it.
+
+What one update does, and where it departs from the papers (each departure is
+also noted where it happens below):
+
+* **Groups.** ``G`` rollouts of one task form a group (``Rollout.task_id``
+  within one call). ``INFRA_ERROR`` rollouts are dropped first and counted
+  (``n_infra_excluded``): our side failed, the model did not, so they are
+  never a silent zero. With ``compact_filtering`` (DeepSWE) rollouts that hit
+  a limit (``LIMIT``) are dropped from the loss too (``n_limit_filtered``);
+  they still count in the success metrics, which are computed elsewhere.
+* **Advantage** — leave-one-out baseline (RLOO, as in DeepSWE / Dr. GRPO's
+  unbiased form): ``A_i = r_i - mean_{j != i} r_j``. Departure from GRPO:
+  no division by the group's std by default (Dr. GRPO shows it biases toward
+  easy and hard prompts); ``std_normalise=True`` divides by the group's
+  (population) std + 1e-6. Departure from Dr. GRPO: LOO instead of the group
+  mean including ``r_i`` — LOO is ``G/(G-1)`` times Dr. GRPO's advantage, the
+  same direction, an unbiased baseline.
+* **Zero-variance groups** (all rewards equal) have zero advantage everywhere;
+  they are skipped before any forward (``frac_reward_zero_std``), as DAPO's
+  dynamic sampling does. Departure from DAPO: we do not resample to refill the
+  batch; the iteration trains on fewer groups.
+* **Objective per token** ``t`` of a policy-sampled segment
+  (``Segment.sampled``; prompts, tool results and template markers have mask
+  0 and give no gradient)::
+
+      ratio_t = pi_theta / pi_old                      (PPO ratio, trainer vs trainer)
+      w_t     = min(pi_old / pi_sampler, tis_clip)     (TIS, trainer vs inference engine; no gradient)
+      l_t     = -w_t * min(ratio_t * A, clip(ratio_t, 1 - eps_low, 1 + eps_high) * A)
+
+  The two ratios are different things (verl's docs conflate them): ``ratio``
+  measures how far the *trainer* has moved since the batch was sampled and
+  is what the PPO clip bounds; ``w`` corrects for the *inference engine*
+  computing slightly different probabilities from the same weights (kernels,
+  precision), per Yao et al., "Your efficient RL framework secretly brings you
+  off-policy RL training" (2025). ``pi_old`` is the trainer's own logprob of
+  the sampled token under the weights that sampled it (the weights at the
+  start of this update). With ``minibatches == 1`` there is one optimizer step
+  and ``pi_old == pi_theta`` in value, so we reuse the forward's detached
+  logprobs instead of a second forward (ratio is 1, the clip inactive, the
+  gradient that of the unclipped surrogate — exactly PPO's first step).
+* **Clip-high** (DAPO): ``eps_high`` (0.28) > ``eps_low`` (0.2), so
+  low-probability tokens with positive advantage can grow.
+* **No KL term** by default (DAPO, Dr. GRPO, DeepSWE). ``kl_coef > 0`` adds
+  the k3 estimator to a frozen copy of the initial weights.
+* **Aggregation** — Dr. GRPO's constant normaliser: the token sum over the
+  batch divided by ``n_rows * norm_tokens`` (``n_rows``: rollouts trained on
+  in this update, ``norm_tokens``: a config constant, default 1024, the
+  generation budget's order). Not per-sequence mean (GRPO: biases toward
+  short correct and long wrong answers), not a per-batch token mean (DAPO:
+  the normaliser then depends on the batch's lengths).
+* **MoE** — the load-balancing auxiliary loss (``ModelOutput.aux_loss`` at
+  ``aux_loss_coef``) is added, weighted by each micro-batch's share of rows;
+  the auxiliary-loss-free router-bias step runs after each optimizer step.
+  ``routing_replay`` trains with the experts the sampler chose
+  (``Segment.routes``), which needs ``MoETransformer.forward(routes=...)``.
+
+Not guaranteed: bit-identical results across thread counts or machines
+(float reduction order); that every token of a rollout fits the model's
+context (a longer rollout is an error, never truncated).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rl.types import Rollout, RolloutStatus
+
+if TYPE_CHECKING:
+    import torch
+
+    from agent.model.transformer import MoETransformer
+    from rl.config import GRPOConfig
+
+__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages", "policy_loss",
+           "select_rollouts", "token_tensors"]
+
+
+class RoutingReplayUnavailable(RuntimeError):
+    """Routing replay was asked for but the model or the rollouts cannot provide it."""
+
+
+def group_advantages(rewards: Sequence[float], *, std_normalise: bool = False, eps: float = 1e-6) -> list[float]:
+    """Leave-one-out advantages ``r_i - mean_{j != i} r_j`` of one group (see the module docstring)."""
+    g = len(rewards)
+    if g < 2:
+        raise ValueError(f"a group needs at least 2 rollouts for a baseline, got {g}")
+    total = sum(rewards)
+    adv = [r - (total - r) / (g - 1) for r in rewards]
+    if std_normalise:
+        mean = total / g
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / g)
+        adv = [a / (std + eps) for a in adv]
+    return adv
+
+
+@dataclass
+class BatchSelection:
+    """Which rollouts an update trains on, with their advantages, and what was left out."""
+
+    rows: list[tuple[Rollout, float]]
+    n_rollouts: int = 0
+    n_infra_excluded: int = 0
+    n_limit_filtered: int = 0
+    n_unscored: int = 0  # no reward although graded-status: a producer bug, excluded and counted
+    n_groups: int = 0
+    n_groups_zero_std: int = 0
+    n_groups_too_small: int = 0  # fewer than 2 usable rollouts left: no baseline
+
+    @property
+    def frac_reward_zero_std(self) -> float:
+        return self.n_groups_zero_std / self.n_groups if self.n_groups else 0.0
+
+    def stats(self) -> dict[str, float]:
+        return {"n_rollouts": self.n_rollouts, "n_infra_excluded": self.n_infra_excluded,
+                "n_limit_filtered": self.n_limit_filtered, "n_unscored": self.n_unscored,
+                "n_groups": self.n_groups, "n_groups_zero_std": self.n_groups_zero_std,
+                "n_groups_too_small": self.n_groups_too_small,
+                "frac_reward_zero_std": self.frac_reward_zero_std, "n_trained": len(self.rows)}
+
+
+def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelection:
+    """Group by task, drop infra errors (and limit hits under compact filtering), skip
+    zero-variance groups, and attach each remaining rollout's advantage."""
+    sel = BatchSelection(rows=[], n_rollouts=len(rollouts))
+    groups: dict[str, list[Rollout]] = defaultdict(list)
+    for r in rollouts:
+        if r.status is RolloutStatus.INFRA_ERROR:
+            sel.n_infra_excluded += 1
+        elif cfg.compact_filtering and r.status is RolloutStatus.LIMIT:
+            sel.n_limit_filtered += 1
+        elif r.reward is None:
+            sel.n_unscored += 1
+        else:
+            groups[r.task_id].append(r)
+    for task_id in sorted(groups):
+        group = sorted(groups[task_id], key=lambda r: r.sample)
+        sel.n_groups += 1
+        if len(group) < 2:
+            sel.n_groups_too_small += 1
+            continue
+        rewards = [float(r.reward) for r in group]  # type: ignore[arg-type]
+        if max(rewards) - min(rewards) == 0.0:
+            sel.n_groups_zero_std += 1
+            continue
+        sel.rows += zip(group, group_advantages(rewards, std_normalise=cfg.std_normalise), strict=True)
+    return sel
+
+
+def token_tensors(rows: Sequence[Rollout], pad_id: int, *, max_len: int, with_routes: bool = False,
+                  ) -> dict[str, torch.Tensor]:
+    """Right-padded tensors for ``rows``: ``input_ids [B, T]``; per predicted position
+    (``T-1``, position ``t`` predicts token ``t+1``): ``mask``, ``sampler_logprobs``;
+    and ``routes [B, T, L, k]`` when asked. Raises ``ValueError`` naming the rollout
+    whose data is inconsistent or too long."""
+    import torch
+
+    seqs = []
+    for r in rows:
+        ids, mask, lps = r.token_ids, r.loss_mask, r.sampler_logprobs
+        name = f"rollout {r.task_id}#{r.sample} (iteration {r.iteration})"
+        if not ids:
+            raise ValueError(f"{name} has no tokens")
+        if len(ids) > max_len:
+            raise ValueError(f"{name} has {len(ids)} tokens, more than the model's context {max_len}")
+        if mask[0]:
+            raise ValueError(f"{name} starts with a sampled token: nothing precedes it to predict it from")
+        for s in r.segments:
+            if s.sampled and len(s.logprobs) != len(s.token_ids):
+                raise ValueError(f"{name}: a sampled segment has {len(s.token_ids)} tokens but "
+                                 f"{len(s.logprobs)} logprobs")
+        seqs.append((ids, mask, lps))
+    t = max(len(s[0]) for s in seqs)
+    b = len(seqs)
+    input_ids = torch.full((b, t), pad_id, dtype=torch.long)
+    mask = torch.zeros(b, t - 1)
+    sampler = torch.zeros(b, t - 1)
+    for i, (ids, m, lp) in enumerate(seqs):
+        n = len(ids)
+        input_ids[i, :n] = torch.tensor(ids)
+        mask[i, : n - 1] = torch.tensor(m[1:], dtype=torch.float32)
+        sampler[i, : n - 1] = torch.tensor(lp[1:], dtype=torch.float32)
+    out = {"input_ids": input_ids, "mask": mask, "sampler_logprobs": sampler}
+    if with_routes:
+        out["routes"] = _routes_tensor(rows, t)
+    return out
+
+
+def _routes_tensor(rows: Sequence[Rollout], t: int) -> torch.Tensor:
+    import torch
+
+    per_row = []
+    for r in rows:
+        routes: list[list[list[int]]] = []
+        for s in r.segments:
+            if s.routes is None or len(s.routes) != len(s.token_ids):
+                raise RoutingReplayUnavailable(
+                    f"routing replay: rollout {r.task_id}#{r.sample} has a segment without recorded routes "
+                    "(the sampler must record the experts of every token, prompt and tool results included)")
+            routes += s.routes
+        per_row.append(routes)
+    n_layers, k = len(per_row[0][0]), len(per_row[0][0][0])
+    # padding positions route to experts 0..k-1: any valid choice, their outputs are masked
+    out = torch.arange(k).expand(len(rows), t, n_layers, k).clone()
+    for i, routes in enumerate(per_row):
+        out[i, : len(routes)] = torch.tensor(routes, dtype=torch.long)
+    return out
+
+
+def supports_routing_replay(model: MoETransformer) -> bool:
+    return "routes" in inspect.signature(model.forward).parameters
+
+
+def policy_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor,
+                adv: torch.Tensor, cfg: GRPOConfig, normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The clipped, TIS-weighted token loss summed over ``mask`` and divided by ``normaliser``
+    (see the module docstring). ``adv`` is ``[B]``; the others ``[B, T]``. Returns the loss
+    and detached per-token sums for metrics (clip counts, TIS weights)."""
+    import torch
+
+    ratio = torch.exp(new_lp - old_lp)
+    raw_w = torch.exp(old_lp - sampler_lp).detach()
+    w = raw_w.clamp(max=cfg.tis_clip)
+    a = adv[:, None]
+    clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
+    surr = torch.minimum(ratio * a, clipped * a)
+    loss = -(w * surr * mask).sum() / normaliser
+    with torch.no_grad():
+        ppo_clipped = ((ratio * a > clipped * a) & (mask > 0)).sum()
+        stats = {"tis_clipped": ((raw_w > cfg.tis_clip) & (mask > 0)).sum(), "ppo_clipped": ppo_clipped,
+                 "tis_weight_sum": (w * mask).sum()}
+    return loss, stats
+
+
+class GRPOTrainer:
+    """Owns the model's optimisation: ``step(rollouts)`` is one GRPO update.
+
+    The optimizer is AdamW (``lr``, ``weight_decay``) with gradient-norm clipping;
+    ``optimizer`` is public so a checkpoint can save and restore it exactly.
+    """
+
+    def __init__(self, model: MoETransformer, cfg: GRPOConfig, *, pad_id: int, lr: float,
+                 weight_decay: float = 0.0, grad_clip: float = 1.0) -> None:
+        import torch
+        from dataclasses import replace
+
+        self.model, self.cfg, self.pad_id, self.grad_clip = model, cfg, pad_id, grad_clip
+        # the run's coefficient replaces the checkpoint's (it is saved with the next checkpoint)
+        model.cfg = replace(model.cfg, aux_loss_coef=cfg.aux_loss_coef)
+        if cfg.routing_replay and not supports_routing_replay(model):
+            raise RoutingReplayUnavailable(
+                "routing replay is not available yet: MoETransformer.forward has no routes= argument "
+                "(the rollout work adds it); run with grpo.routing_replay: false")
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
+                                           betas=(0.9, 0.95))
+        self.reference = None
+        if cfg.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+
+    def _forward(self, model: MoETransformer, batch: dict[str, torch.Tensor]) -> Any:
+        if self.cfg.routing_replay:
+            return model(batch["input_ids"], routes=batch["routes"])  # type: ignore[call-arg]
+        return model(batch["input_ids"])
+
+    def step(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
+        """One update on ``rollouts`` (one iteration's). Returns its metrics; with nothing to
+        train on (every group zero-variance, say) no optimizer step is taken (``stepped: 0``)."""
+        import torch
+
+        from agent.model.moe import expert_balance
+
+        sel = select_rollouts(rollouts, self.cfg)
+        metrics: dict[str, float] = dict(sel.stats())
+        if not sel.rows:
+            return metrics | {"stepped": 0.0}
+        model, cfg = self.model, self.cfg
+        model.train()
+        n_rows = len(sel.rows)
+        normaliser = float(n_rows * cfg.norm_tokens)
+        chunks = [sel.rows[i: i + cfg.micro_batch] for i in range(0, n_rows, cfg.micro_batch)]
+        batches = [token_tensors([r for r, _ in c], self.pad_id, max_len=model.cfg.max_seq_len,
+                                 with_routes=cfg.routing_replay) | {"adv": torch.tensor([a for _, a in c])}
+                   for c in chunks]
+        old: list[torch.Tensor | None] = [None] * len(batches)
+        if cfg.minibatches > 1:  # off-policy after the first optimizer step: pi_old needs its own forward
+            with torch.no_grad():
+                old = [_token_logprobs(self._forward(model, b).logits, b["input_ids"]) for b in batches]
+        acc: dict[str, float] = defaultdict(float)
+        n_tok = float(sum(b["mask"].sum() for b in batches))
+        counts = None
+        per_mb = math.ceil(len(batches) / cfg.minibatches)
+        for m in range(0, len(batches), per_mb):
+            self.optimizer.zero_grad(set_to_none=True)
+            for j in range(m, min(m + per_mb, len(batches))):
+                b = batches[j]
+                out = self._forward(model, b)
+                logp_all = torch.log_softmax(out.logits[:, :-1], dim=-1)
+                new_lp = logp_all.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1)
+                # minibatches == 1: pi_old equals pi_theta in value; its detached copy saves a forward
+                old_lp = new_lp.detach() if old[j] is None else old[j]
+                loss, st = policy_loss(new_lp, old_lp, b["sampler_logprobs"], b["mask"], b["adv"], cfg,
+                                       normaliser)
+                share = len(b["adv"]) / n_rows
+                total = loss + share * out.aux_loss
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref_lp = _token_logprobs(self._forward(self.reference, b).logits, b["input_ids"])
+                    log_r = ref_lp - new_lp
+                    kl = ((torch.exp(log_r) - log_r - 1) * b["mask"]).sum() / normaliser
+                    total = total + cfg.kl_coef * kl
+                    acc["kl_ref"] += float(kl)
+                total.backward()
+                mask = b["mask"]
+                with torch.no_grad():
+                    ent = -(logp_all.exp() * logp_all).sum(-1)
+                    delta = (b["sampler_logprobs"] - old_lp) * mask  # log pi_sampler - log pi_old
+                    r = torch.exp(-delta)
+                    acc["entropy_sum"] += float((ent * mask).sum())
+                    acc["abs_delta_sum"] += float(delta.abs().sum())
+                    acc["max_abs_delta"] = max(acc["max_abs_delta"], float(delta.abs().max()))
+                    acc["kl_sampler_sum"] += float(((r - 1 + delta) * mask).sum())  # k3 of KL(sampler||trainer)
+                    acc["loss"] += float(loss)
+                    acc["aux_loss"] += share * float(out.aux_loss)
+                    for k, v in st.items():
+                        acc[k] += float(v)
+                    c = out.expert_counts.detach()
+                    counts = c if counts is None else counts + c
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
+            acc["grad_norm"] = max(acc["grad_norm"], float(grad_norm))
+            self.optimizer.step()
+            if counts is not None:
+                model.update_router_bias(counts)
+        model.eval()
+        metrics |= {
+            "stepped": 1.0, "loss": acc["loss"], "aux_loss": acc["aux_loss"], "grad_norm": acc["grad_norm"],
+            "policy_tokens": n_tok, "entropy": acc["entropy_sum"] / max(n_tok, 1.0),
+            "logprob_diff_mean": acc["abs_delta_sum"] / max(n_tok, 1.0),
+            "logprob_diff_max": acc["max_abs_delta"], "kl_sampler_trainer": acc["kl_sampler_sum"] / max(n_tok, 1.0),
+            "tis_clipped_frac": acc["tis_clipped"] / max(n_tok, 1.0),
+            "tis_weight_mean": acc["tis_weight_sum"] / max(n_tok, 1.0),
+            "ppo_clipped_frac": acc["ppo_clipped"] / max(n_tok, 1.0),
+            "expert_balance": expert_balance(counts) if counts is not None else 1.0,
+        }
+        if self.reference is not None:
+            metrics["kl_ref"] = acc["kl_ref"]
+        return metrics
+
+
+def _token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)

@@ -1,0 +1,38 @@
+"""Rollouts built by hand on a tiny real model (no tokenizer needed: ids are small ints)."""
+
+from __future__ import annotations
+
+import torch
+
+from agent.model.config import ModelConfig
+from agent.model.transformer import MoETransformer
+from rl.types import Rollout, RolloutStatus, Segment
+
+VOCAB = 64
+
+
+def tiny_model(seed: int = 0, **overrides: object) -> MoETransformer:
+    torch.manual_seed(seed)
+    return MoETransformer(ModelConfig.preset("tiny", vocab_size=VOCAB, max_seq_len=64, **overrides)).eval()
+
+
+def rollout(model: MoETransformer | None, prompt: list[int], sampled: list[list[int]], *, task: str = "t",
+            sample: int = 0, reward: float | None = 0.0, status: RolloutStatus = RolloutStatus.FINISHED,
+            between: list[int] | None = None) -> Rollout:
+    """A rollout: ``prompt``, then each of ``sampled`` (policy segments) separated by ``between``
+    (a tool result). Sampler logprobs are the model's own (so Δ is ~0), or 0.0 without a model."""
+    segments = [Segment(list(prompt), sampled=False)]
+    for i, s in enumerate(sampled):
+        if i:
+            segments.append(Segment(list(between or [5, 6]), sampled=False))
+        segments.append(Segment(list(s), sampled=True, logprobs=[0.0] * len(s)))
+    r = Rollout(run_id="r", iteration=0, task_id=task, sample=sample, status=status, segments=segments,
+                reward=reward)
+    if model is not None:
+        lp = model.logprobs(torch.tensor([r.token_ids]))[0].tolist()
+        pos = 0
+        for seg in r.segments:
+            if seg.sampled:
+                seg.logprobs = lp[pos - 1: pos - 1 + len(seg.token_ids)]
+            pos += len(seg.token_ids)
+    return r

@@ -1,0 +1,174 @@
+"""GRPO: advantages, selection, masking, clipping, TIS, zero-variance skip, and a gradient check."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rl.config import GRPOConfig
+from rl.train.grpo import (
+    GRPOTrainer,
+    RoutingReplayUnavailable,
+    group_advantages,
+    policy_loss,
+    select_rollouts,
+    token_tensors,
+)
+from rl.types import RolloutStatus
+from tests.rl.train.helpers import rollout, tiny_model
+
+
+def test_leave_one_out_advantages_without_std() -> None:
+    assert group_advantages([1.0, 0.0, 0.0, 0.0]) == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3])
+    assert group_advantages([0.5, 0.5]) == [0.0, 0.0]
+    assert sum(group_advantages([0.3, 1.0, 0.1])) == pytest.approx(0.0)
+
+
+def test_std_normalisation_is_an_option() -> None:
+    plain = group_advantages([1.0, 0.0])
+    normed = group_advantages([1.0, 0.0], std_normalise=True)
+    assert plain == [1.0, -1.0]
+    assert normed == pytest.approx([1.0 / (0.5 + 1e-6), -1.0 / (0.5 + 1e-6)])
+    with pytest.raises(ValueError, match="at least 2"):
+        group_advantages([1.0])
+
+
+def test_selection_excludes_infra_errors_and_skips_zero_variance_groups() -> None:
+    rs = [rollout(None, [1, 2], [[3]], task="a", sample=0, reward=1.0),
+          rollout(None, [1, 2], [[3]], task="a", sample=1, reward=1.0),
+          rollout(None, [1, 2], [[3]], task="a", sample=2, reward=0.0, status=RolloutStatus.INFRA_ERROR),
+          rollout(None, [1, 2], [[3]], task="b", sample=0, reward=1.0),
+          rollout(None, [1, 2], [[4]], task="b", sample=1, reward=0.0)]
+    sel = select_rollouts(rs, GRPOConfig(group_size=2))
+    # without the infra error task a has no variance: skipped, never trained as a zero
+    assert sel.n_infra_excluded == 1
+    assert sel.n_groups == 2 and sel.n_groups_zero_std == 1 and sel.frac_reward_zero_std == 0.5
+    assert [(r.task_id, r.sample, a) for r, a in sel.rows] == [("b", 0, 1.0), ("b", 1, -1.0)]
+
+
+def test_compact_filtering_drops_limit_rollouts() -> None:
+    rs = [rollout(None, [1], [[3]], task="a", sample=i, reward=float(i % 2),
+                  status=RolloutStatus.LIMIT if i == 0 else RolloutStatus.FINISHED) for i in range(3)]
+    assert select_rollouts(rs, GRPOConfig()).n_limit_filtered == 0
+    sel = select_rollouts(rs, GRPOConfig(compact_filtering=True))
+    assert sel.n_limit_filtered == 1 and [r.sample for r, _ in sel.rows] == [1, 2]
+
+
+def test_masked_tokens_get_no_gradient() -> None:
+    r = rollout(None, [1, 2, 3], [[4, 5]], between=[6])
+    t = token_tensors([r], 0, max_len=64)
+    # positions predict tokens 1..4: only the last two (tokens 4, 5) are sampled
+    assert t["mask"].tolist() == [[0.0, 0.0, 1.0, 1.0]]
+    cfg = GRPOConfig()
+    new = torch.randn(1, 4, requires_grad=True)
+    loss, _ = policy_loss(new, new.detach(), torch.zeros(1, 4), t["mask"], torch.tensor([1.0]), cfg, 10.0)
+    loss.backward()
+    assert new.grad is not None and new.grad[0, :2].abs().sum() == 0 and new.grad[0, 2:].abs().min() > 0
+    changed = new.detach().clone()
+    changed[0, :2] += 5.0  # a masked token's logprob changes: the loss does not
+    loss2, _ = policy_loss(changed, changed, torch.zeros(1, 4), t["mask"], torch.tensor([1.0]), cfg, 10.0)
+    old_masked = new.detach().clone()
+    loss1, _ = policy_loss(old_masked, old_masked, torch.zeros(1, 4), t["mask"], torch.tensor([1.0]), cfg, 10.0)
+    assert float(loss2) == pytest.approx(float(loss1))
+
+
+def _grad(ratio: float, adv: float, cfg: GRPOConfig) -> float:
+    new = torch.tensor([[math.log(ratio)]], requires_grad=True)
+    old = torch.zeros(1, 1)
+    loss, _ = policy_loss(new, old, old, torch.ones(1, 1), torch.tensor([adv]), cfg, 1.0)
+    loss.backward()
+    assert new.grad is not None
+    return float(new.grad[0, 0])
+
+
+def test_clip_is_asymmetric_clip_high() -> None:
+    cfg = GRPOConfig(eps_low=0.2, eps_high=0.28)
+    assert _grad(1.25, 1.0, cfg) < 0  # within 1 + eps_high: still pushed up (a symmetric 0.2 clip would stop it)
+    assert _grad(1.30, 1.0, cfg) == 0  # beyond 1 + eps_high with A > 0: clipped
+    assert _grad(0.75, -1.0, cfg) == 0  # below 1 - eps_low with A < 0: clipped
+    assert _grad(0.75, 1.0, cfg) < 0  # pessimistic min: a low ratio with A > 0 is never clipped
+    assert _grad(1.5, -1.0, cfg) > 0  # nor a high ratio with A < 0
+
+
+def test_tis_weights_cap_the_sampler_trainer_ratio() -> None:
+    cfg = GRPOConfig(tis_clip=2.0)
+    new = torch.zeros(1, 3, requires_grad=True)
+    sampler = torch.tensor([[-math.log(1.5), -math.log(3.0), 0.0]])  # pi_old/pi_sampler = 1.5, 3 (capped), 1
+    loss, st = policy_loss(new, new.detach(), sampler, torch.ones(1, 3), torch.tensor([1.0]), cfg, 1.0)
+    loss.backward()
+    assert new.grad is not None
+    assert new.grad[0].tolist() == pytest.approx([-1.5, -2.0, -1.0])
+    assert float(st["tis_clipped"]) == 1 and float(st["tis_weight_sum"]) == pytest.approx(4.5)
+
+
+def test_zero_variance_iteration_takes_no_step() -> None:
+    model = tiny_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = GRPOTrainer(model, GRPOConfig(), pad_id=0, lr=1e-2)
+    m = trainer.step([rollout(model, [1, 2], [[3, 4]], sample=i, reward=1.0) for i in range(4)])
+    assert m["stepped"] == 0 and m["frac_reward_zero_std"] == 1.0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_update_lowers_negative_advantage_tokens_and_raises_positive_ones() -> None:
+    model = tiny_model()
+    prompt = [1, 2, 3, 7]
+    good, bad = [10, 11, 12], [20, 21, 22]
+    rs = [rollout(model, prompt, [good], sample=0, reward=1.0), rollout(model, prompt, [bad], sample=1, reward=0.0)]
+
+    def seq_lp(tokens: list[int]) -> float:
+        lp = model.logprobs(torch.tensor([prompt + tokens]))[0]
+        return float(lp[len(prompt) - 1:].sum())
+
+    good0, bad0 = seq_lp(good), seq_lp(bad)
+    trainer = GRPOTrainer(model, GRPOConfig(norm_tokens=4), pad_id=0, lr=1e-2)
+    m = trainer.step(rs)
+    assert m["stepped"] == 1 and math.isfinite(m["loss"]) and m["grad_norm"] > 0
+    assert m["logprob_diff_max"] < 1e-4  # sampler logprobs are the model's own: TIS weights ~1
+    assert seq_lp(bad) < bad0 - 1e-3 and seq_lp(good) > good0 + 1e-3
+
+
+def test_minibatches_compute_old_logprobs_and_train() -> None:
+    model = tiny_model()
+    rs = [rollout(model, [1, 2], [[3 + i, 4]], sample=i, reward=float(i % 2)) for i in range(4)]
+    m = GRPOTrainer(model, GRPOConfig(minibatches=2, micro_batch=1), pad_id=0, lr=1e-2).step(rs)
+    assert m["stepped"] == 1 and m["n_trained"] == 4 and math.isfinite(m["loss"])
+
+
+def test_too_long_rollout_is_an_error_naming_it() -> None:
+    model = tiny_model()
+    rs = [rollout(None, list(range(1, 70)), [[3]], task="long", sample=i, reward=float(i)) for i in range(2)]
+    with pytest.raises(ValueError, match=r"rollout long#0 .* more than the model's context 64"):
+        GRPOTrainer(model, GRPOConfig(), pad_id=0, lr=1e-3).step(rs)
+
+
+def test_routing_replay_without_model_support_is_a_clear_error() -> None:
+    from rl.train.grpo import supports_routing_replay
+
+    model = tiny_model()
+    if supports_routing_replay(model):
+        pytest.skip("MoETransformer.forward takes routes=: covered by test_routing_replay_trains")
+    with pytest.raises(RoutingReplayUnavailable, match="routing_replay: false"):
+        GRPOTrainer(model, GRPOConfig(routing_replay=True), pad_id=0, lr=1e-3)
+
+
+def test_routing_replay_trains_with_the_sampler_routes() -> None:
+    from rl.train.grpo import supports_routing_replay
+
+    model = tiny_model()
+    if not supports_routing_replay(model):
+        pytest.skip("MoETransformer.forward has no routes= yet")
+    rs = [rollout(model, [1, 2, 3], [[4 + i, 5]], sample=i, reward=float(i)) for i in range(2)]
+    for r in rs:
+        routes = model(torch.tensor([r.token_ids]), return_routes=True).routes[0].tolist()
+        pos = 0
+        for seg in r.segments:
+            seg.routes = routes[pos: pos + len(seg.token_ids)]
+            pos += len(seg.token_ids)
+    m = GRPOTrainer(model, GRPOConfig(routing_replay=True), pad_id=0, lr=1e-2).step(rs)
+    assert m["stepped"] == 1 and math.isfinite(m["loss"])
+    rs[0].segments[0].routes = None
+    with pytest.raises(RoutingReplayUnavailable, match="without recorded routes"):
+        GRPOTrainer(model, GRPOConfig(routing_replay=True), pad_id=0, lr=1e-2).step(rs)
