@@ -1,7 +1,8 @@
 """Helpers for ``benchmarks/search_quality.py`` and ``benchmarks/index_build.py``.
 
 * building the docstring -> function task set (a stripped copy of a package),
-* injecting bugs with :mod:`ast` into a package whose sdist ships its tests,
+* injecting bugs into a package whose sdist ships its tests (re-exported from
+  :mod:`rl.tasks.mutations`, the one implementation RL's real-code tasks use too),
 * a ripgrep keyword baseline,
 * scoring (MRR@10, recall@1/5/10 at function and file level),
 * ``open_index``: the project's index (``embeddings.index``) when it exists,
@@ -18,13 +19,19 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from embeddings.types import Chunk, SearchHit
+from rl.tasks.mutations import (  # noqa: F401 - re-exported for the benchmarks
+    Mutation,
+    enumerate_mutations,
+    failure_query,
+    functions,
+    run_tests,
+)
 
 MODES = ("bm25", "vector", "hybrid")
 KS = (1, 5, 10)
@@ -45,21 +52,7 @@ class Target:
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
 
-def _functions(tree: ast.AST) -> Iterable[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
-    """(qualname, node) for every function and method, nested ones included."""
-
-    def walk(node: ast.AST, prefix: str):
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                q = f"{prefix}{child.name}"
-                yield q, child
-                yield from walk(child, q + ".")
-            elif isinstance(child, ast.ClassDef):
-                yield from walk(child, f"{prefix}{child.name}.")
-            else:
-                yield from walk(child, prefix)
-
-    yield from walk(tree, "")
+_functions = functions
 
 
 def first_sentence(doc: str) -> str:
@@ -374,117 +367,7 @@ def py_files(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-# -- bug injection ----------------------------------------------------------------------------------------
-
-_CMP_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-             ast.NotEq: ast.Eq, ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In}
-_BIN_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult,
-             ast.Mod: ast.FloorDiv}
-
-
-@dataclass(frozen=True, slots=True)
-class Mutation:
-    path: str  # relative to the sdist root
-    symbol: str
-    start_line: int
-    end_line: int
-    lineno: int
-    kind: str  # "compare" | "binop" | "boolop" | "constant"
-    description: str
-    new_source: str
-
-
-def _mutation_sites(fn: ast.AST) -> list[tuple[ast.AST, str]]:
-    sites = []
-    for node in ast.walk(fn):
-        if isinstance(node, ast.Compare) and type(node.ops[0]) in _CMP_SWAP:
-            sites.append((node, "compare"))
-        elif isinstance(node, ast.BinOp) and type(node.op) in _BIN_SWAP:
-            sites.append((node, "binop"))
-        elif isinstance(node, ast.BoolOp):
-            sites.append((node, "boolop"))
-        elif isinstance(node, ast.Constant) and type(node.value) is int and not isinstance(node.value, bool):
-            sites.append((node, "constant"))
-    return sites
-
-
-def enumerate_mutations(root: Path, rel_files: list[str], rng) -> list[Mutation]:
-    """One candidate mutation per function (a random site in it), shuffled."""
-    out: list[Mutation] = []
-    for rel in rel_files:
-        text = (root / rel).read_text(encoding="utf-8")
-        tree = ast.parse(text)
-        for qual, fn in _functions(tree):
-            sites = [s for s in _mutation_sites(fn) if not any(
-                isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner is not fn
-                and inner.lineno <= s[0].lineno <= (inner.end_lineno or 0) for inner in ast.walk(fn))]
-            if not sites:
-                continue
-            node, kind = sites[rng.randrange(len(sites))]
-            mutated = _apply(text, node, kind)
-            if mutated is None:
-                continue
-            new_source, desc = mutated
-            out.append(Mutation(rel, qual, fn.lineno, fn.end_lineno or fn.lineno, node.lineno, kind, desc, new_source))
-    rng.shuffle(out)
-    return out
-
-
-def _apply(text: str, target: ast.AST, kind: str) -> tuple[str, str] | None:
-    tree = ast.parse(text)
-    for node in ast.walk(tree):
-        if type(node) is type(target) and getattr(node, "lineno", None) == target.lineno and \
-                node.col_offset == target.col_offset:
-            break
-    else:
-        return None
-    before = ast.unparse(node)
-    if kind == "compare":
-        node.ops[0] = _CMP_SWAP[type(node.ops[0])]()
-    elif kind == "binop":
-        node.op = _BIN_SWAP[type(node.op)]()
-    elif kind == "boolop":
-        node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
-    else:
-        node.value = node.value + 1 if node.value in (0, 1) else node.value - 1
-    after = ast.unparse(node)
-    # replace only the mutated expression's text span, keeping the rest of the file as written
-    lines = text.splitlines(keepends=True)
-    if target.lineno != target.end_lineno:
-        return None  # multi-line expressions: skip (keeps the edit textual and small)
-    line = lines[target.lineno - 1]
-    lines[target.lineno - 1] = line[:target.col_offset] + after + line[target.end_col_offset:]
-    return "".join(lines), f"line {target.lineno}: {before} -> {after}"
-
-
-def run_tests(root: Path, test_dir: str, *, timeout: float = 60.0, import_dir: str = ".") -> tuple[bool, str]:
-    """Run the sdist's tests with pytest (stop at the first failure). Returns (passed, output).
-    ``import_dir``: where the package is imported from, relative to ``root`` (``src`` for a src layout)."""
-    path = os.pathsep.join(dict.fromkeys([str(root / import_dir), str(root)]))
-    env = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
-    try:
-        p = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "--tb=short", "-p", "no:cacheprovider",
-                            "-p", "no:randomly", test_dir], cwd=root, env=env, capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        return False, "TIMEOUT " + (exc.stdout or "")[-2000:] if isinstance(exc.stdout, str) else "TIMEOUT"
-    return p.returncode == 0, p.stdout + p.stderr
-
-
-def failure_query(output: str, max_chars: int = 600) -> str | None:
-    """What a developer would paste: the failing test's name and the error lines (``E ...``)."""
-    name = None
-    for line in output.splitlines():
-        m = re.match(r"(FAILED|ERROR) (\S+)", line)
-        if m:
-            name = m.group(2)
-            break
-    if name is None:
-        return None
-    errors = [ln[1:].strip() for ln in output.splitlines() if ln.startswith("E ")]
-    q = name.replace("::", " ") + "\n" + "\n".join(errors)
-    return q[:max_chars]
-
+# -- bug injection: one implementation, shared with RL's real-code tasks (rl/tasks/mutations.py) -----------
 
 def copy_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

@@ -38,6 +38,9 @@ class GradeResult:
     output: str  # what the grader printed (capped), for the log and for debugging
     duration_s: float
     error: str | None = None  # set when the grader itself could not run (an infra error)
+    # the grader ran past its timeout (``error`` says so too); on a validated task, whose grader
+    # finishes on the start and on the reference, a hang is most likely the rollout's code
+    timed_out: bool = False
 
 
 @dataclass(slots=True)

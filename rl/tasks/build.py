@@ -1,0 +1,134 @@
+"""Build a task set: generate, validate every task, write the JSONL atomically.
+
+``flywheel rl tasks build --families fix_bug,rename --n-train N --n-heldout M
+--seed S --out FILE`` calls :func:`build_task_set`. Task ``i`` of a split gets
+the seed ``S * 1_000_000 + i`` (train) or ``S * 1_000_000 + 500_000 + i``
+(held-out): seeds never repeat across splits, and the vocabularies differ too
+(:mod:`rl.tasks.vocab`). Families take turns; difficulty cycles 1..3.
+
+Validation (:func:`validate`) builds the starting workspace and grades it in
+the sandbox: the grader must *fail* without error there, then *pass* on a
+fork with the reference patch applied. Tasks that fail validation are
+dropped and counted (``dropped`` in the summary, with reasons); the file is
+written to a temporary name and renamed, so an interrupted build leaves
+nothing half-written.
+
+Not guaranteed: a dropped task is not replaced, so a split may hold fewer
+than asked (the summary says how many).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rl.tasks.families import FAMILIES, MAX_DIFFICULTY, UNITTEST, generate, patch_between
+from rl.tasks.grading import GraderConfig, grade
+from rl.tasks.spec import GeneratedSource, Grader, Task, write_tasks
+from rl.tasks.workspaces import TaskSourceError, apply_patch, materialise
+from rl.types import Split
+from tools.sandbox import Sandbox
+from tools.workspace import WorkspaceStore
+
+__all__ = ["BuildSummary", "build_task_set", "make_task", "plan", "validate"]
+
+
+def make_task(family: str, split: Split, seed: int, difficulty: int) -> Task:
+    d = generate(family, split, seed, difficulty)
+    return Task(
+        id=f"{family}-{split.value}-{seed}-d{difficulty}", family=family, split=split, difficulty=difficulty,
+        seed=seed, request=d.request, source=GeneratedSource(files=d.files),
+        grader=Grader(command=UNITTEST, test_files=d.test_files, timeout_s=30.0),
+        reference_patch=patch_between(d.files, d.solution), metadata=dict(d.metadata),
+    )
+
+
+def plan(families: Sequence[str], n_train: int, n_heldout: int, seed: int) -> list[tuple[str, Split, int, int]]:
+    """(family, split, seed, difficulty) for every task to build."""
+    unknown = [f for f in families if f not in FAMILIES]
+    if unknown or not families:
+        raise ValueError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
+    out = []
+    for split, n, offset in ((Split.TRAIN, n_train, 0), (Split.HELDOUT, n_heldout, 500_000)):
+        for i in range(n):
+            out.append((families[i % len(families)], split, seed * 1_000_000 + offset + i,
+                        1 + (i // len(families)) % MAX_DIFFICULTY))
+    return out
+
+
+async def validate(task: Task, store: WorkspaceStore, sandbox: Sandbox, *, cache_dir: Path | None = None,
+                   config: GraderConfig | None = None) -> str | None:
+    """None when ``task`` is valid, else why not."""
+    try:
+        ws = await asyncio.to_thread(materialise, task, store, cache_dir=cache_dir)
+    except (TaskSourceError, OSError, ValueError) as exc:
+        return f"starting workspace: {exc}"
+    try:
+        start = await grade(task, ws, sandbox, config=config)
+        if start.error:
+            return f"grader on the starting state: {start.error}"
+        if start.passed:
+            return "grader passes on the starting state (nothing to do)"
+        solved = await asyncio.to_thread(ws.fork)
+        try:
+            try:
+                await asyncio.to_thread(apply_patch, solved.root, task.reference_patch, what="reference_patch")
+            except TaskSourceError as exc:
+                return str(exc)
+            ref = await grade(task, solved, sandbox, config=config)
+        finally:
+            await asyncio.to_thread(solved.delete)
+        if ref.error:
+            return f"grader with the reference patch: {ref.error}"
+        if not ref.passed:
+            return f"grader fails with the reference patch: {ref.output[-300:]}"
+        return None
+    finally:
+        await asyncio.to_thread(ws.delete)
+
+
+@dataclass(slots=True)
+class BuildSummary:
+    written: Counter[str] = field(default_factory=Counter)  # per split
+    families: Counter[str] = field(default_factory=Counter)
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (task id, reason)
+
+    def to_json(self) -> dict[str, object]:
+        return {"written": dict(self.written), "families": dict(self.families), "dropped": len(self.dropped),
+                "dropped_reasons": [{"task": t, "reason": r} for t, r in self.dropped]}
+
+
+async def build_task_set(
+    families: Sequence[str], n_train: int, n_heldout: int, seed: int, out: Path, *, sandbox: Sandbox,
+    concurrency: int = 2, progress: Callable[[Task, str | None], None] | None = None,
+) -> BuildSummary:
+    """Generate, validate and write the set to ``out``; see the module docstring."""
+    jobs = plan(families, n_train, n_heldout, seed)
+    summary = BuildSummary()
+    kept: list[Task | None] = [None] * len(jobs)
+    gate = asyncio.Semaphore(concurrency)
+    with tempfile.TemporaryDirectory(prefix="flywheel-tasks-") as tmp:
+        store = WorkspaceStore(Path(tmp))
+
+        async def one(i: int, job: tuple[str, Split, int, int]) -> None:
+            task = make_task(*job)
+            async with gate:
+                why = await validate(task, store, sandbox)
+            if why is None:
+                kept[i] = task
+            else:
+                summary.dropped.append((task.id, why))
+            if progress is not None:
+                progress(task, why)
+
+        await asyncio.gather(*(one(i, j) for i, j in enumerate(jobs)))
+    tasks = [t for t in kept if t is not None]
+    for t in tasks:
+        summary.written[t.split.value] += 1
+        summary.families[t.family] += 1
+    write_tasks(out, tasks)
+    return summary
