@@ -48,9 +48,29 @@ Logprobs are those of the model's distribution (unscaled logits), equal to
 :func:`agent.model.sampling.sample` for what that means when sampling at a
 temperature other than 1 or with top-p.
 
+Prefix cache (``prefix_cache=True``, the default; :mod:`agent.model.prefix_cache`):
+a slot keeps its keys/values after its sequence ends, and a request whose
+prompt starts with tokens some slot holds computes only the rest — a
+conversation's next turn reuses its previous turn, G samples of one prompt
+share one prefill. ``stats.prefill_tokens`` counts the prompt tokens actually
+computed, ``stats.cached_tokens`` those reused. The cached and uncached paths
+give the same logprobs up to rounding (tests hold them within 1e-5 in fp32).
+
+Routing (``record_routes=True``, the default): the engine keeps, per cached
+position, the MoE experts that token was routed to in each layer. A request
+with ``return_routes=True`` gets them on its last piece (:class:`FinishInfo`)
+for positions ``routes_from`` up to the last token the model consumed — every
+prompt token and every sampled token but the last, which was never an input.
+
+Weights: :meth:`Engine.load_weights` swaps the model's weights between two
+forwards and bumps ``weights_version``; each request reports the version it
+was admitted under. A request running across an update decodes its remaining
+tokens with the new weights (not guaranteed to be one version; RL updates
+weights between iterations, when none is running). Cached prefixes from older
+weights are never reused.
+
 Not done here (on purpose): chunked prefill (a long prompt's prefill delays
-the other sequences' next token by its duration), prefix caching, and
-speculative decoding.
+the other sequences' next token by its duration) and speculative decoding.
 """
 
 from __future__ import annotations
@@ -67,6 +87,7 @@ from typing import Any, Literal
 
 import torch
 
+from agent.model.prefix_cache import Placement, SlotTable
 from agent.model.sampling import TextStream, sample
 from agent.model.tokenizer import SPECIAL_TOKENS
 
@@ -92,18 +113,35 @@ class GenerationRequest:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)  # on decoded text; the stop text is not emitted
     seed: int | None = None  # None: a random seed
+    return_routes: bool = False  # report MoE routes on the last piece (needs record_routes)
+    routes_from: int = 0  # ... for positions from here on (earlier ones the caller already has)
 
 
 @dataclass(frozen=True, slots=True)
 class GeneratedPiece:
     """One sampled token's worth of output. ``text`` may be empty (held back:
     a partial UTF-8 character or a possible stop prefix) and the last piece
-    may carry only held-back text; ``finish_reason`` is set on the last piece."""
+    may carry only held-back text; ``finish_reason`` and ``info`` are set on the last piece."""
 
     text: str
     token_ids: tuple[int, ...] = ()
     logprobs: tuple[float, ...] = ()
     finish_reason: FinishReason | None = None
+    info: FinishInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FinishInfo:
+    """What a finished request cost and which weights and experts served it.
+
+    ``routes``: for positions ``routes_from .. prompt_tokens + generated - 2``
+    (every token the model consumed from ``routes_from`` on), the expert ids
+    per MoE layer, ``[n][n_layers][top_k]``; None unless requested."""
+
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens whose keys/values were reused, not computed
+    weights_version: int
+    routes: list[list[list[int]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +151,7 @@ class Completion:
     logprobs: list[float]
     finish_reason: FinishReason
     prompt_tokens: int
+    info: FinishInfo | None = None
 
 
 @dataclass(slots=True)
@@ -122,6 +161,8 @@ class EngineStats:
     decode_steps: int = 0
     decode_tokens: int = 0
     max_batch: int = 0  # most sequences decoded in one forward
+    prompt_tokens: int = 0  # prompt tokens admitted (computed + cached)
+    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
 
 
 class EngineState(enum.Enum):
@@ -141,6 +182,8 @@ class _Sequence:
             request.seed if request.seed is not None else secrets.randbits(63)
         )
         self.slot = -1
+        self.placement: Placement | None = None
+        self.weights_version = 0
         self.generated: list[int] = []
         self.last_token = -1  # sampled, not yet fed to the model
         self.cancelled = False
@@ -150,7 +193,7 @@ class _Sequence:
 class Engine:
     def __init__(
         self, model: torch.nn.Module, tokenizer: Any, *, max_slots: int = 32, max_len: int | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device = "cpu", prefix_cache: bool = True, record_routes: bool = True,
     ):
         from agent.model.transformer import KVCache
 
@@ -171,7 +214,14 @@ class Engine:
         self._marker_stops = tuple(t for t in END_TOKENS if t not in ("<|pad|>", "<|eos|>"))
         self.stats = EngineStats()
         self.state = EngineState.NEW
-        self._free = list(range(max_slots - 1, -1, -1))
+        self.prefix_cache = prefix_cache
+        self.slots = SlotTable(max_slots, enabled=prefix_cache)
+        self.weights_version = 0
+        # expert ids per cached position (int16: n_experts < 32768); routes of copied prefixes are copied too
+        self._routes = (
+            torch.zeros(max_slots, self.max_len, self.cfg.n_layers, self.cfg.top_k, dtype=torch.int16)
+            if record_routes else None
+        )
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []
         self._wake = asyncio.Event()
@@ -195,7 +245,7 @@ class Engine:
                 return
             self._active.clear()
             self._waiting.clear()
-            self._free = list(range(self.max_slots - 1, -1, -1))
+            self.slots = SlotTable(self.max_slots, enabled=self.prefix_cache)
             if self._worker is not None:
                 self._worker.shutdown(wait=False)
         self._wake = asyncio.Event()
@@ -217,11 +267,38 @@ class Engine:
             self._fail(seq, EngineError("the engine stopped"))
         self._active.clear()
         self._waiting.clear()
-        self._free = list(range(self.max_slots - 1, -1, -1))
+        self.slots = SlotTable(self.max_slots, enabled=self.prefix_cache)
         if self._worker is not None:
             # a cancelled step's forward may still be running on the worker: let it finish off the loop
             await asyncio.get_running_loop().run_in_executor(None, self._worker.shutdown)
             self._worker = None
+
+    async def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load ``state_dict`` into the model between two forwards (on the model's
+        thread) and make ``version`` current; cached prefixes are dropped.
+        Raises :class:`EngineError` if the state dict does not fit the model
+        (nothing is loaded then: ``load_state_dict`` checks keys before copying,
+        and shapes are checked here first)."""
+        own = self.model.state_dict()
+        missing = sorted(set(own) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(own))
+        wrong = sorted(k for k in own.keys() & state_dict.keys() if tuple(own[k].shape) != tuple(state_dict[k].shape))
+        if missing or unexpected or wrong:
+            raise EngineError(
+                f"weights do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}, "
+                f"wrong shape {wrong[:5]}"
+            )
+
+        def load() -> None:
+            with torch.no_grad():
+                self.model.load_state_dict(state_dict)
+
+        if self._worker is not None and self.state is EngineState.RUNNING:
+            await asyncio.get_running_loop().run_in_executor(self._worker, load)
+        else:
+            load()
+        self.weights_version = version
+        self.slots.invalidate()
 
     # -- requests ----------------------------------------------------------------
 
@@ -256,12 +333,19 @@ class Engine:
         ids: list[int] = []
         lps: list[float] = []
         finish: FinishReason = "length"
+        info: FinishInfo | None = None
         async for piece in self.generate(request):
             text.append(piece.text)
             ids += piece.token_ids
             lps += piece.logprobs
             finish = piece.finish_reason or finish
-        return Completion("".join(text), ids, lps, finish, len(request.prompt_ids))
+            info = piece.info or info
+        return Completion("".join(text), ids, lps, finish, len(request.prompt_ids), info)
+
+    @property
+    def free_slots(self) -> int:
+        """Cache slots no sequence is using (their cached prefixes stay reusable)."""
+        return self.slots.n_free
 
     def room(self, prompt_tokens: int) -> int:
         """How many tokens a prompt of ``prompt_tokens`` leaves for generation (may be <= 0)."""
@@ -290,6 +374,10 @@ class Engine:
         vocab = self.cfg.vocab_size
         if any(not 0 <= t < vocab for t in r.prompt_ids):
             raise EngineError(f"prompt token ids must be in [0, {vocab})")
+        if r.return_routes and self._routes is None:
+            raise EngineError("return_routes needs an engine built with record_routes=True")
+        if not 0 <= r.routes_from <= n:
+            raise EngineError(f"routes_from must be in [0, {n}] (the prompt's length)")
         if r.max_tokens < 1:
             raise EngineError("max_tokens must be at least 1")
         if not r.temperature >= 0:
@@ -315,15 +403,24 @@ class Engine:
         while True:
             self._active = [s for s in self._active if not self._retire_if_cancelled(s)]
             admitted: list[_Sequence] = []
-            while self._waiting and len(admitted) < len(self._free):
+            while self._waiting and len(admitted) < self.slots.n_free:
                 seq = self._waiting.popleft()
                 if not seq.cancelled:
                     admitted.append(seq)
-            for seq in admitted:
-                seq.slot = self._free.pop()
-                self._active.append(seq)
-            for group in self._prefill_groups(admitted):
-                await self._run_step(loop, group, prefill=True)
+            while admitted:  # rounds: a prompt whose prefix a sibling is computing waits for it
+                placed, deferred = [], []
+                for seq in admitted:
+                    placement = self.slots.acquire(seq.request.prompt_ids)
+                    if placement is None:
+                        deferred.append(seq)
+                        continue
+                    seq.slot, seq.placement, seq.weights_version = placement.slot, placement, self.weights_version
+                    self._active.append(seq)
+                    placed.append(seq)
+                for group in self._prefill_groups(placed):
+                    await self._run_step(loop, group, prefill=True)
+                self.slots.end_round()
+                admitted = deferred
             if not self._active:
                 if not self._waiting:
                     self._wake.clear()
@@ -337,7 +434,8 @@ class Engine:
         groups: dict[int, list[list[_Sequence]]] = {}
         order: list[list[_Sequence]] = []
         for seq in seqs:
-            n = len(seq.request.prompt_ids)
+            assert seq.placement is not None
+            n = len(seq.request.prompt_ids) - seq.placement.keep  # the tokens this prefill computes
             chunks = groups.setdefault(n, [])
             if not chunks or (len(chunks[-1]) + 1) * n > self.max_prefill_tokens:
                 chunks.append([])
@@ -346,21 +444,27 @@ class Engine:
         return order
 
     async def _run_step(self, loop: asyncio.AbstractEventLoop, seqs: list[_Sequence], *, prefill: bool) -> None:
-        tokens = [s.request.prompt_ids if prefill else [s.last_token] for s in seqs]
+        placements = [s.placement for s in seqs] if prefill else None
+        tokens = [s.request.prompt_ids[s.placement.keep :] if prefill else [s.last_token] for s in seqs]  # type: ignore[union-attr]
         params = [(s.request.temperature, s.request.top_p, s.generator) for s in seqs]
         slots = [s.slot for s in seqs]
         try:
-            ids, lps = await loop.run_in_executor(self._worker, self._forward, tokens, slots, params, prefill)
+            ids, lps = await loop.run_in_executor(self._worker, self._forward, tokens, slots, params, placements)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a model error fails these requests, not the engine
             for s in seqs:
+                self.slots.forget(s.slot)
                 self._fail(s, EngineError(f"the model failed: {type(exc).__name__}: {exc}"))
             self._active = [s for s in self._active if s not in seqs]
             return
+        for s, fed in zip(seqs, tokens, strict=True):
+            self.slots.fed(s.slot, fed)
         if prefill:
             self.stats.prefills += 1
             self.stats.prefill_tokens += sum(map(len, tokens))
+            self.stats.prompt_tokens += sum(len(s.request.prompt_ids) for s in seqs)
+            self.stats.cached_tokens += sum(s.placement.keep for s in seqs)  # type: ignore[union-attr]
         else:
             self.stats.decode_steps += 1
             self.stats.decode_tokens += len(seqs)
@@ -371,16 +475,26 @@ class Engine:
 
     def _forward(
         self, tokens: list[list[int]], slots: list[int], params: Sequence[tuple[float, float, torch.Generator]],
-        prefill: bool,
+        placements: list[Placement | None] | None,
     ) -> tuple[list[int], list[float]]:
-        """Worker thread: one forward over the given slots, then sample one token per row."""
+        """Worker thread: one forward over the given slots, then sample one token per row.
+        A prefill (``placements`` given) first sets each slot to its reused prefix."""
         with torch.inference_mode():
-            if prefill:  # the slot starts afresh (whatever sequence used it before)
-                for slot in slots:
-                    self.cache.reset(slot)
+            if placements is not None:  # the slot keeps (or copies) its reused prefix, nothing more
+                for p in placements:
+                    assert p is not None
+                    self.cache.keep_prefix(p.slot, p.keep, p.source)
+                    if self._routes is not None and p.source is not None and p.keep:
+                        self._routes[p.slot, : p.keep] = self._routes[p.source, : p.keep]
             input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
             slot_t = torch.tensor(slots, dtype=torch.long, device=self.device)
-            out = self.model(input_ids, cache=self.cache, slots=slot_t)
+            start = self.cache.lengths[slot_t].tolist()
+            out = self.model(input_ids, cache=self.cache, slots=slot_t, return_routes=self._routes is not None)
+            if self._routes is not None and out.routes is not None:
+                routes = out.routes.to("cpu", torch.int16)
+                t = input_ids.shape[1]
+                for row, (slot, s0) in enumerate(zip(slots, start, strict=True)):
+                    self._routes[slot, s0 : s0 + t] = routes[row]
             logits = out.logits[:, -1, :]
             temperature = torch.tensor([p[0] for p in params], device=self.device)
             top_p = torch.tensor([p[1] for p in params], device=self.device)
@@ -406,12 +520,22 @@ class Engine:
                 len(seq.request.prompt_ids) + len(seq.generated) >= self.max_len
             ):
                 text, finish = text + seq.text.flush(), "length"
-        seq.queue.put_nowait(GeneratedPiece(text, (token,), (logprob,), finish))
+        info = self._finish_info(seq) if finish is not None else None
+        seq.queue.put_nowait(GeneratedPiece(text, (token,), (logprob,), finish, info))
         if finish is not None:
             seq.done = True
             self._release(seq)
             return True
         return False
+
+    def _finish_info(self, seq: _Sequence) -> FinishInfo:
+        r = seq.request
+        routes = None
+        if r.return_routes and self._routes is not None:
+            consumed = len(r.prompt_ids) + len(seq.generated) - 1  # the last sampled token was never an input
+            routes = self._routes[seq.slot, r.routes_from : consumed].tolist()
+        keep = seq.placement.keep if seq.placement is not None else 0
+        return FinishInfo(len(r.prompt_ids), keep, seq.weights_version, routes)
 
     def _retire_if_cancelled(self, seq: _Sequence) -> bool:
         if seq.cancelled:
@@ -421,7 +545,7 @@ class Engine:
 
     def _release(self, seq: _Sequence) -> None:
         if seq.slot >= 0:
-            self._free.append(seq.slot)
+            self.slots.release(seq.slot)
             seq.slot = -1
 
     def _fail(self, seq: _Sequence, exc: Exception) -> None:

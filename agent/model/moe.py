@@ -67,12 +67,27 @@ class Routing:
     scores: torch.Tensor
 
 
-def route(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor, top_k: int) -> Routing:
-    """Sigmoid top-k routing of ``x [N, d]``; ``bias`` changes which experts are picked, never the weights."""
+def route(x: torch.Tensor, router_weight: torch.Tensor, bias: torch.Tensor, top_k: int,
+          forced: torch.Tensor | None = None) -> Routing:
+    """Sigmoid top-k routing of ``x [N, d]``; ``bias`` changes which experts are picked, never the weights.
+
+    ``forced`` (routing replay): ``LongTensor [N, k]`` of expert ids to use instead
+    of the top-k; a row whose first entry is negative is routed normally. The
+    combine weights are still the (normalised) scores of the experts used, so
+    the router keeps its gradient. Not checked: that a forced row names ``k``
+    distinct experts (a duplicate is used twice, as given).
+    """
     dtype = torch.promote_types(x.dtype, torch.float32)  # fp32, or fp64 under gradcheck
     with fp32_region(x.device.type):
         scores = torch.sigmoid(F.linear(x.to(dtype), router_weight.to(dtype)))
     _, experts = torch.topk(scores + bias.to(dtype), top_k, dim=-1)
+    if forced is not None:
+        if forced.shape != experts.shape:
+            raise ValueError(f"forced routes must be [N, top_k] = {tuple(experts.shape)}, got {tuple(forced.shape)}")
+        forced = forced.to(experts.device, torch.long)
+        if forced.numel() and int(forced.max()) >= scores.shape[-1]:
+            raise ValueError(f"forced routes name an expert >= n_experts ({scores.shape[-1]})")
+        experts = torch.where((forced[:, :1] >= 0).expand_as(forced), forced, experts)
     weights = scores.gather(-1, experts)
     if top_k > 1:
         weights = weights / weights.sum(-1, keepdim=True)
@@ -135,6 +150,7 @@ class MoEOutput:
     y: torch.Tensor  # [..., d]
     aux_loss: torch.Tensor  # scalar, E·Σ f_i P_i (unscaled by the coefficient)
     counts: torch.Tensor  # [E] tokens routed to each expert
+    experts: torch.Tensor | None = None  # [..., k] expert ids each token used (long)
 
 
 class MoELayer(nn.Module):
@@ -161,10 +177,12 @@ class MoELayer(nn.Module):
             nn.init.normal_(self.shared.w13.weight, std=0.02)
             nn.init.normal_(self.shared.w2.weight, std=out_std)
 
-    def forward(self, x: torch.Tensor) -> MoEOutput:
+    def forward(self, x: torch.Tensor, routes: torch.Tensor | None = None) -> MoEOutput:
+        """``routes``: ``[..., k]`` expert ids to force (see :func:`route`; negative rows route normally)."""
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        routing = route(x2, self.router.weight, self.router_bias, self.top_k)
+        forced = routes.reshape(-1, self.top_k) if routes is not None else None
+        routing = route(x2, self.router.weight, self.router_bias, self.top_k, forced)
         x_sorted, order, offsets = permute(x2, routing.experts, self.n_experts)
         h = grouped_mm(x_sorted, self.w13, offsets, precision=self.precision)
         y_sorted = grouped_mm(swiglu(h), self.w2, offsets, precision=self.precision)
@@ -173,7 +191,8 @@ class MoELayer(nn.Module):
         if self.shared is not None:
             y = y + self.shared(x2)
         counts = (offsets[1:] - offsets[:-1]).detach()
-        return MoEOutput(y.view(shape), load_balance_loss(routing, self.n_experts), counts)
+        experts = routing.experts.view(*shape[:-1], self.top_k)
+        return MoEOutput(y.view(shape), load_balance_loss(routing, self.n_experts), counts, experts)
 
     @torch.no_grad()
     def update_bias(self, counts: torch.Tensor) -> None:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent.model.config import ModelConfig
-from agent.model.moe import MoELayer
+from agent.model.moe import MoELayer, MoEOutput
 from agent.model.numerics import Linear, autocast_for, require_kernels
 
 
@@ -53,12 +53,21 @@ class KVCache:
         """Forget a slot's tokens (its stale keys stay but are masked out)."""
         self.lengths[slot] = 0
 
+    def keep_prefix(self, slot: int, n: int, source: int | None = None) -> None:
+        """Make ``slot`` hold ``n`` cached positions: its own first ``n`` (``source``
+        None), or a copy of ``source``'s first ``n`` (prefix reuse across sequences)."""
+        if source is not None and source != slot:
+            self.k[:, slot, :, :n] = self.k[:, source, :, :n]
+            self.v[:, slot, :, :n] = self.v[:, source, :, :n]
+        self.lengths[slot] = n
+
 
 @dataclass
 class ModelOutput:
     logits: torch.Tensor  # [B, T, V], fp32
     aux_loss: torch.Tensor  # scalar: aux_loss_coef × mean over layers of E·Σ f_i P_i; 0 when the coefficient is 0
     expert_counts: torch.Tensor  # [n_layers, n_experts] tokens routed (long)
+    routes: torch.Tensor | None = None  # [B, T, n_moe_layers, top_k] expert ids (long), with return_routes=True
 
 
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -128,10 +137,11 @@ class Block(nn.Module):
         self.moe = MoELayer(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None,
-                slots: torch.Tensor | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                slots: torch.Tensor | None, pos: torch.Tensor | None,
+                routes: torch.Tensor | None = None) -> tuple[torch.Tensor, MoEOutput]:
         x = x + self.attn(self.attn_norm(x), cos, sin, cache, slots, pos)
-        moe = self.moe(self.moe_norm(x))
-        return x + moe.y, moe.aux_loss, moe.counts
+        moe = self.moe(self.moe_norm(x), routes)
+        return x + moe.y, moe
 
 
 class MoETransformer(nn.Module):
@@ -162,8 +172,29 @@ class MoETransformer(nn.Module):
             block.moe.reset_parameters(out_std=out_std)
 
     def forward(self, input_ids: torch.Tensor, *, cache: KVCache | None = None,
-                slots: torch.Tensor | None = None) -> ModelOutput:
+                slots: torch.Tensor | None = None, return_routes: bool = False,
+                routes: torch.Tensor | None = None) -> ModelOutput:
+        """Logits for ``input_ids [B, T]``; with ``cache``, rows continue their ``slots``.
+
+        Routing capture and replay (every block's feed-forward is an MoE layer,
+        so ``n_moe_layers == n_layers``): ``return_routes=True`` fills
+        ``ModelOutput.routes`` with the expert ids each token was sent to,
+        ``LongTensor [B, T, n_moe_layers, top_k]``. ``routes`` of that shape
+        forces those experts instead of the router's top-k (the trainer
+        replays the sampler's routing); a token whose entry for a layer starts
+        with a negative id is routed normally in that layer. Forced routing
+        changes which experts run, not how they are weighted: the combine
+        weights are the router's scores of the forced experts, so the router
+        still gets a gradient. Not guaranteed: that replayed routes reproduce
+        the sampler's logits exactly (the attention path and reductions may
+        still differ by rounding).
+        """
         b, t = input_ids.shape
+        if routes is not None and routes.shape != (b, t, self.cfg.n_layers, self.cfg.top_k):
+            raise ValueError(
+                f"routes must be [B, T, n_moe_layers, top_k] = {(b, t, self.cfg.n_layers, self.cfg.top_k)}, "
+                f"got {tuple(routes.shape)}"
+            )
         device = input_ids.device
         pos = None
         if cache is None:
@@ -183,17 +214,19 @@ class MoETransformer(nn.Module):
             cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]
         with autocast_for(self.cfg.precision, device.type):
             x = self.embed(input_ids)
-            aux, counts = [], []
-            for block in self.blocks:
-                x, layer_aux, layer_counts = block(x, cos, sin, cache, slots, pos)
-                aux.append(layer_aux)
-                counts.append(layer_counts)
+            aux, counts, used = [], [], []
+            for i, block in enumerate(self.blocks):
+                x, moe = block(x, cos, sin, cache, slots, pos, routes[:, :, i] if routes is not None else None)
+                aux.append(moe.aux_loss)
+                counts.append(moe.counts)
+                used.append(moe.experts)
             logits = self.lm_head(self.norm(x)).float()
         if cache is not None:
             cache.lengths[slots] += t
         coef = self.cfg.aux_loss_coef
         aux_loss = coef * torch.stack(aux).mean() if coef > 0 else torch.zeros((), device=device)
-        return ModelOutput(logits=logits, aux_loss=aux_loss, expert_counts=torch.stack(counts))
+        out_routes = torch.stack(used, dim=2) if return_routes else None
+        return ModelOutput(logits=logits, aux_loss=aux_loss, expert_counts=torch.stack(counts), routes=out_routes)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -223,7 +223,7 @@ def test_a_client_that_goes_away_frees_its_slot(local) -> None:
         deadline = time.monotonic() + 2
         while engine._active and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert not engine._active and len(engine._free) == 2  # freed long before the 120 tokens were done
+        assert not engine._active and engine.free_slots == 2  # freed long before the 120 tokens were done
     finally:
         handle.remove()
         server.should_exit = True

@@ -304,10 +304,10 @@ async def test_closing_a_stream_frees_its_slot(engine: Engine, tok) -> None:
     done = await engine.complete(GenerationRequest(tok.encode("next"), max_tokens=3, seed=266))
     assert done.finish_reason == "length"
     for _ in range(50):
-        if len(engine._free) == engine.max_slots:
+        if engine.free_slots == engine.max_slots:
             break
         await asyncio.sleep(0.01)
-    assert len(engine._free) == engine.max_slots
+    assert engine.free_slots == engine.max_slots
 
 
 async def test_more_requests_than_slots_wait_their_turn(model, tok) -> None:
@@ -448,3 +448,101 @@ def test_fit_clamps_max_tokens_to_the_room_the_prompt_leaves(model, tok) -> None
     assert engine.fit(GenerationRequest([20], max_tokens=5)).max_tokens == 5
     with pytest.raises(EngineError, match=r"prompt is 32 tokens"):
         engine.fit(GenerationRequest(list(range(20, 52)), max_tokens=1))
+
+
+# -- prefix cache, routes, weights -----------------------------------------------------
+
+
+async def _conversation(engine: Engine, tok: Tokenizer, turns: int = 3) -> tuple[list[int], list[float], list[int]]:
+    """A multi-turn exchange: each turn's prompt is the previous prompt + its sample + a new suffix."""
+    ids = tok.encode("<|system|>\nhelp\n<|end|>\n<|user|>\nfix the bug\n<|end|>\n<|assistant|>\n")
+    all_lps: list[float] = []
+    sampled: list[int] = []
+    for turn in range(turns):
+        done = await engine.complete(GenerationRequest(ids, max_tokens=6, seed=100 + turn))
+        all_lps += done.logprobs
+        sampled += done.token_ids
+        ids = ids + done.token_ids + tok.encode(f"\n<|tool|>\nresult {turn}\n<|end|>\n<|assistant|>\n")
+    return ids, all_lps, sampled
+
+
+async def test_prefix_cache_gives_the_same_logprobs_and_computes_less(model, tok) -> None:
+    runs = {}
+    for cached in (True, False):
+        e = Engine(model, tok, max_slots=4, prefix_cache=cached)
+        await e.start()
+        try:
+            runs[cached] = (await _conversation(e, tok), e.stats)
+        finally:
+            await e.stop()
+    (ids_c, lps_c, sampled_c), stats_c = runs[True]
+    (ids_u, lps_u, sampled_u), stats_u = runs[False]
+    assert sampled_c == sampled_u and ids_c == ids_u
+    assert torch.allclose(torch.tensor(lps_c), torch.tensor(lps_u), atol=1e-5, rtol=0)
+    assert stats_u.cached_tokens == 0 and stats_c.cached_tokens > 0
+    assert stats_c.prefill_tokens + stats_c.cached_tokens == stats_u.prefill_tokens == stats_c.prompt_tokens
+    # turns 2 and 3 recompute only the new suffix plus the last sampled token
+    assert stats_c.prefill_tokens < stats_u.prefill_tokens / 2
+
+
+async def test_identical_prompts_admitted_together_are_prefilled_once(model, tok) -> None:
+    e = Engine(model, tok, max_slots=8)
+    await e.start()
+    try:
+        prompt = tok.encode("def add(a, b):\n    return a + b\n" * 4)
+        outs = await asyncio.gather(*(e.complete(GenerationRequest(prompt, max_tokens=4, seed=s)) for s in range(4)))
+    finally:
+        await e.stop()
+    assert e.stats.prefill_tokens == len(prompt) + 3  # one full prefill; the 3 others recompute 1 token each
+    assert e.stats.cached_tokens == 3 * (len(prompt) - 1)
+    for out in outs:  # copied keys/values give the training forward's logprobs
+        ref = reference_logprobs(model, prompt, out.token_ids)
+        assert torch.allclose(torch.tensor(out.logprobs), ref, atol=1e-5, rtol=0)
+
+
+async def test_routes_cover_every_consumed_token_and_match_the_forward(model, tok) -> None:
+    e = Engine(model, tok, max_slots=2)
+    await e.start()
+    try:
+        prompt = tok.encode("class Foo:\n    pass\n")
+        first = await e.complete(GenerationRequest(prompt, max_tokens=5, seed=1, return_routes=True))
+        ext = prompt + first.token_ids + tok.encode("\nmore")
+        second = await e.complete(GenerationRequest(ext, max_tokens=3, seed=2, return_routes=True,
+                                                    routes_from=len(prompt)))
+    finally:
+        await e.stop()
+    assert first.info is not None and second.info is not None
+    assert second.info.cached_tokens == len(prompt) + len(first.token_ids) - 1
+    routes = first.info.routes
+    assert routes is not None and len(routes) == len(prompt) + len(first.token_ids) - 1
+    full = ext + second.token_ids[:-1]
+    with torch.no_grad():
+        ref = model(torch.tensor([full]), return_routes=True).routes[0]
+    assert torch.equal(torch.tensor(routes), ref[: len(routes)])
+    # the second request's routes start at routes_from and include the cached turn's tokens
+    assert torch.equal(torch.tensor(second.info.routes), ref[len(prompt) :])
+
+
+async def test_load_weights_bumps_the_version_and_drops_cached_prefixes(model, tok) -> None:
+    import copy
+
+    other = copy.deepcopy(model)
+    torch.manual_seed(5)
+    for p in other.parameters():
+        p.data.add_(torch.randn_like(p) * 0.05)
+    e = Engine(copy.deepcopy(model), tok, max_slots=2)
+    await e.start()
+    try:
+        prompt = tok.encode("import os\n")
+        before = await e.complete(GenerationRequest(prompt, max_tokens=3, seed=3))
+        await e.load_weights(other.state_dict(), version=7)
+        after = await e.complete(GenerationRequest(prompt, max_tokens=3, seed=3))
+        with pytest.raises(EngineError, match="do not fit"):
+            await e.load_weights({"embed.weight": torch.zeros(1, 1)}, version=8)
+    finally:
+        await e.stop()
+    assert before.info is not None and before.info.weights_version == 0
+    assert after.info is not None and after.info.weights_version == 7 and after.info.cached_tokens == 0
+    ref = reference_logprobs(other, prompt, after.token_ids)
+    assert torch.allclose(torch.tensor(after.logprobs), ref, atol=1e-5, rtol=0)
+    assert e.weights_version == 7
