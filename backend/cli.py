@@ -270,6 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(sub)
     _add_index(sub)
     _add_embeddings(sub)
+    from backend import rl_cli
+
+    rl_cli.add_parser(sub)
     return parser
 
 

@@ -37,7 +37,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "rl": frozenset({"agent", "tools", "embeddings"}),
     "backend": frozenset({"agent", "tools", "embeddings"}),
 }
-ENTRY_POINTS = frozenset({"backend.cli"})  # may import anything of ours
+ENTRY_POINTS = frozenset({"backend.cli", "backend.rl_cli"})  # may import anything of ours (rl_cli: only cli imports it)
 ENTRY_ONLY = frozenset({"backend", "rl"})  # only entry points import these from outside
 SETTINGS_MODULE = "backend.settings"
 

@@ -1,0 +1,87 @@
+"""``flywheel rl ...``: the RL flywheel's subcommands.
+
+Only ``backend/cli.py`` imports this module (it is an entry point, so it may
+import ``rl``). Each subcommand is a function that adds itself to the ``rl``
+subparsers; :data:`COMMANDS` lists them, so adding ``rl sft``/``rl train``/
+``rl eval`` is one function and one entry. ``rl`` modules are imported inside
+the handlers: ``flywheel --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+__all__ = ["COMMANDS", "add_parser"]
+
+
+def _add_tasks(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tasks", help="task sets: build (and validate) procedural tasks")
+    tsub = p.add_subparsers(dest="rl_tasks_command", metavar="ACTION", required=True)
+    b = tsub.add_parser(
+        "build", help="generate a task set, validate every task, write JSONL",
+        description="Generate procedural tasks for the train and held-out splits (disjoint seeds and vocabularies), "
+        "validate each (its grader fails on the start and passes with the reference patch, in the sandbox), "
+        "drop and count the ones that do not, and write the rest to --out atomically.",
+    )
+    b.add_argument("--families", default="fix_bug,rename,find_change,implement_stub",
+                   help="comma-separated families (default: all four)")
+    b.add_argument("--n-train", type=int, default=32, help="training tasks to generate (default 32)")
+    b.add_argument("--n-heldout", type=int, default=16, help="held-out tasks to generate (default 16)")
+    b.add_argument("--seed", type=int, default=0, help="task-set seed (default 0)")
+    b.add_argument("--out", type=Path, required=True, help="JSONL file to write")
+    b.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="validate WITHOUT isolation if bubblewrap is missing (dangerous)")
+    b.set_defaults(func=_cmd_tasks_build)
+
+
+def _cmd_tasks_build(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from backend.settings import LocalSettings, SettingsError, load_settings
+    from rl.tasks.build import build_task_set, plan
+    from tools.sandbox import SandboxUnavailable, make_sandbox
+
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    if args.n_train < 0 or args.n_heldout < 0:
+        print("flywheel rl tasks build: --n-train and --n-heldout must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        total = len(plan(families, args.n_train, args.n_heldout, args.seed))
+        local = load_settings(LocalSettings, unsafe_no_sandbox=args.unsafe_no_sandbox or None)
+        sandbox = make_sandbox(allow_unsandboxed=local.unsafe_no_sandbox)
+    except (ValueError, SettingsError, SandboxUnavailable) as exc:
+        print(f"flywheel rl tasks build: {exc}", file=sys.stderr)
+        return 2
+    bar = tqdm(total=total, desc="validating tasks", unit="task", file=sys.stderr)
+
+    def progress(_task: object, why: str | None) -> None:
+        bar.update(1)
+
+    try:
+        summary = asyncio.run(build_task_set(families, args.n_train, args.n_heldout, args.seed, args.out,
+                                             sandbox=sandbox, progress=progress))
+    finally:
+        bar.close()
+    written = sum(summary.written.values())
+    print(f"wrote {written} tasks to {args.out} (train {summary.written.get('train', 0)}, heldout "
+          f"{summary.written.get('heldout', 0)}); dropped {len(summary.dropped)} that failed validation")
+    for task_id, why in summary.dropped[:20]:
+        print(f"  dropped {task_id}: {why[:200]}")
+    print(json.dumps(summary.to_json()))
+    return 0
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_tasks]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``rl`` and every subcommand in :data:`COMMANDS` to ``flywheel``'s subparsers."""
+    p = sub.add_parser("rl", help="the RL flywheel: task sets, training, evaluation")
+    rsub = p.add_subparsers(dest="rl_command", metavar="ACTION", required=True)
+    for add in COMMANDS:
+        add(rsub)

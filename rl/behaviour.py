@@ -1,0 +1,120 @@
+"""Per-rollout behaviour metrics, computed from the rollout's events.
+
+What the trainer plots to see *how* the policy's behaviour changes (the
+Composer report: more parallel tool calls, more reading and searching before
+editing, fewer blind edits, fewer tokens):
+
+* ``model_calls`` — ``assistant_message`` events (one per model call);
+* ``tool_calls`` — ``tool_call_started`` events (valid or not);
+  ``tool_calls_per_model_call``;
+* ``parallel_by_step`` — per model call, whether it made two or more tool
+  calls; ``parallel_share`` is their share of model calls;
+* ``edits`` / ``blind_edits`` — successful ``edit_file``/``write_file`` calls
+  on a file that existed, and those of them on a file the rollout had not
+  *seen* before: read with ``read_file``, or named in a ``grep``, ``glob`` or
+  ``semantic_search`` result that arrived earlier. Creating a new file is
+  never blind;
+* ``malformed_calls`` — calls the parser or the schema rejected (``valid=False``);
+* ``tokens`` — output tokens over all model calls.
+
+Not guaranteed: paths are compared after ``./`` and ``..`` normalisation
+only (a file reached through a symlink under another name counts as another
+file); ``grep`` rows are recognised by the ``path:N:`` / ``path-N-`` shape the
+tool prints, so a file name containing ``:N:`` may be mis-split; files
+changed by ``run_command`` (``sed -i``) are not seen as edits.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
+
+__all__ = ["Behaviour", "behaviour"]
+
+EDIT_TOOLS = frozenset({"edit_file", "write_file"})
+_GREP_ROW = re.compile(r"^(.+?)[:-](\d+)[:-] ")
+
+
+def _norm(path: object) -> str:
+    p = posixpath.normpath(str(path or "").strip())
+    return p.removeprefix("./")
+
+
+@dataclass(slots=True)
+class Behaviour:
+    model_calls: int = 0
+    tool_calls: int = 0
+    parallel_by_step: list[bool] = field(default_factory=list)
+    edits: int = 0
+    blind_edits: int = 0
+    malformed_calls: int = 0
+    tokens: int = 0
+
+    def metrics(self) -> dict[str, float]:
+        """Flat numbers for ``Rollout.metrics`` (rates are 0.0 when their denominator is 0)."""
+        mc = self.model_calls
+        return {
+            "model_calls": float(mc), "tool_calls": float(self.tool_calls),
+            "tool_calls_per_model_call": self.tool_calls / mc if mc else 0.0,
+            "parallel_steps": float(sum(self.parallel_by_step)),
+            "parallel_share": sum(self.parallel_by_step) / mc if mc else 0.0,
+            "edits": float(self.edits), "blind_edits": float(self.blind_edits),
+            "blind_edit_rate": self.blind_edits / self.edits if self.edits else 0.0,
+            "malformed_calls": float(self.malformed_calls), "tokens": float(self.tokens),
+        }
+
+
+def _seen_paths(name: str | None, args: dict[str, Any], result: ToolResultEvent) -> set[str]:
+    if name == "read_file":
+        return {_norm(args.get("path"))}
+    if name == "semantic_search":
+        return {_norm(h.get("path")) for h in result.data.get("hits", []) if isinstance(h, dict)}
+    lines = result.output.splitlines()[1:]  # the first line is the "N matches" / "N files match" header
+    if name == "grep":
+        return {_norm(m.group(1)) for ln in lines if (m := _GREP_ROW.match(ln))}
+    if name == "glob":
+        return {_norm(ln) for ln in lines if ln.strip()}
+    return set()
+
+
+def behaviour(events: Iterable[Event]) -> Behaviour:
+    """The metrics of one rollout's events (in ``seq`` order)."""
+    b = Behaviour()
+    calls: dict[str, tuple[str | None, dict[str, Any]]] = {}
+    per_step: dict[tuple[int, int], int] = {}
+    steps: list[tuple[int, int]] = []
+    created: set[str] = set()
+    seen: set[str] = set()
+    evs = list(events)
+    for e in evs:
+        if isinstance(e, FileEditEvent) and e.created:
+            created.add(e.call_id)
+    for e in evs:
+        if isinstance(e, AssistantMessage):
+            b.model_calls += 1
+            b.tokens += e.output_tokens or len(e.token_ids)
+            steps.append((e.turn, e.step))
+        elif isinstance(e, ToolCallStarted):
+            b.tool_calls += 1
+            b.malformed_calls += not e.valid
+            calls[e.call_id] = (e.name, dict(e.args))
+            per_step[(e.turn, e.step)] = per_step.get((e.turn, e.step), 0) + 1
+        elif isinstance(e, ToolResultEvent):
+            name, args = calls.get(e.call_id, (e.name, {}))
+            if not e.ok:
+                continue
+            if name in EDIT_TOOLS:
+                path = _norm(args.get("path"))
+                if e.call_id not in created:
+                    b.edits += 1
+                    b.blind_edits += path not in seen
+                seen.add(path)  # after writing it, the rollout knows the file
+            else:
+                seen |= _seen_paths(name, args, e)
+    b.parallel_by_step = [per_step.get(s, 0) >= 2 for s in steps]
+    return b

@@ -1,0 +1,94 @@
+"""The reward of one rollout: success, plus small documented shaping.
+
+``reward = success + malformed + limit + effort`` where
+
+* ``success`` = 1.0 when the grader passed **and** the rollout changed the
+  workspace, else 0.0. The task is what is rewarded; a rollout that edits
+  nothing never gets it (a grader passing on the start means a broken task,
+  dropped at validation anyway — this is the second guard).
+* ``malformed`` = 0 without malformed calls, else
+  ``-(MALFORMED_FIRST + MALFORMED_EACH * (k - 1))`` for ``k`` malformed calls,
+  at most ``MALFORMED_CAP`` in size. Why: a call the parser or schema rejects
+  costs the user a wasted model call. ``MALFORMED_FIRST`` is larger than
+  ``LIMIT``, so a failed rollout with a malformed call always scores below
+  *every* well-formed failed rollout (Cursor's hack: broken calls to end or
+  void hard attempts; here a broken call is scored, never discarded, and is
+  never the cheaper way to fail).
+* ``limit`` = ``-LIMIT`` when the turn ended on a limit (model calls, tokens,
+  wall time): running out is worse than finishing.
+* ``effort`` (successes only) = ``-EFFORT_PER_CALL`` per model call beyond the
+  first, at most ``EFFORT_CAP``: among solutions, faster ones (fewer model
+  calls: the "feels fast" objective) score higher. Only on successes, so a
+  failing rollout never gains by giving up early.
+
+Properties (tested in ``tests/rl/test_reward.py``):
+
+1. every success scores above every failure (the smallest success,
+   ``1 - MALFORMED_CAP - LIMIT - EFFORT_CAP``, is > 0 >= the largest failure);
+2. among failures, any rollout with a malformed call scores strictly below
+   every rollout without one; for any outcome, one more malformed call never
+   raises the reward;
+3. a rollout that changed nothing gets no success term, so at most 0.
+
+Grades: a ``GradeResult`` with ``error`` is an infrastructure error and is not
+scored (:class:`UngradedError`; the rollout is excluded and counted), except
+a timeout (``timed_out``): a validated task's grader finishes on the start
+and on the reference, so a hang is the rollout's code, scored as a failure —
+otherwise hanging the tests would be a way to void a bad attempt.
+
+Not guaranteed: ``changed`` is derived from ``file_edit`` events unless the
+caller passes it (pass ``bool(workspace.diff())`` to count edits made with
+``run_command``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, TurnEnd
+from rl.types import GradeResult
+
+__all__ = ["EFFORT_CAP", "EFFORT_PER_CALL", "LIMIT", "MALFORMED_CAP", "MALFORMED_EACH", "MALFORMED_FIRST",
+           "UngradedError", "reward", "reward_from_counts"]
+
+MALFORMED_FIRST = 0.15
+MALFORMED_EACH = 0.05
+MALFORMED_CAP = 0.3
+LIMIT = 0.1
+EFFORT_PER_CALL = 0.01
+EFFORT_CAP = 0.2
+LIMIT_REASONS = frozenset({"max_steps", "max_tokens", "timeout"})
+
+assert MALFORMED_FIRST > LIMIT and 1 - MALFORMED_CAP - LIMIT - EFFORT_CAP > 0
+
+
+class UngradedError(ValueError):
+    """The grade is an infrastructure error: exclude the rollout, do not score it."""
+
+
+def reward_from_counts(*, passed: bool, changed: bool, malformed: int, hit_limit: bool,
+                       model_calls: int) -> tuple[float, dict[str, float]]:
+    """The reward and its terms from the counts (see the module docstring)."""
+    success = 1.0 if passed and changed else 0.0
+    mal = 0.0 if malformed <= 0 else -min(MALFORMED_CAP, MALFORMED_FIRST + MALFORMED_EACH * (malformed - 1))
+    lim = -LIMIT if hit_limit else 0.0
+    effort = -min(EFFORT_CAP, EFFORT_PER_CALL * max(0, model_calls - 1)) if success else 0.0
+    terms = {"success": success, "malformed": mal, "limit": lim, "effort": effort}
+    return sum(terms.values()), terms
+
+
+def reward(events: Iterable[Event], grade: GradeResult, *, changed: bool | None = None
+           ) -> tuple[float, dict[str, float]]:
+    """(reward, terms) for a rollout's events and its grade; :class:`UngradedError` for an
+    infrastructure-error grade."""
+    if grade.error and not grade.timed_out:
+        raise UngradedError(f"not scored: {grade.error}")
+    evs = list(events)
+
+    return reward_from_counts(
+        passed=grade.passed and not grade.timed_out,
+        changed=changed if changed is not None else any(isinstance(e, FileEditEvent) for e in evs),
+        malformed=sum(1 for e in evs if isinstance(e, ToolCallStarted) and not e.valid),
+        hit_limit=any(isinstance(e, TurnEnd) and e.reason in LIMIT_REASONS for e in evs),
+        model_calls=sum(1 for e in evs if isinstance(e, AssistantMessage)),
+    )
