@@ -57,7 +57,9 @@ class GraderConfig:
 
     system_python: str = "/usr/bin/python3"
     project_python: str = sys.executable
-    project_ro: tuple[Path, ...] = field(default_factory=lambda: (Path(sys.prefix),))
+    # the venv and the installation it points to (a venv's python is a link into its base)
+    project_ro: tuple[Path, ...] = field(default_factory=lambda: tuple(dict.fromkeys((Path(sys.prefix),
+                                                                                   Path(sys.base_prefix)))))
     memory_bytes: int = 1 << 30
 
     def python(self, interpreter: str) -> str:

@@ -33,6 +33,7 @@ SCAFFOLD = frozenset({
     "open", "read", "walk", "root", "dirs", "files", "name", "text", "f", "len", "range", "sum", "max", "min",
     "sorted", "list", "dict", "str", "int", "items", "n", "x", "i", "v", "lo", "hi", "limit", "values",
     "default", "total", "ast", "definitions", "found", "fname", "node", "body", "parse", "Assign",
+    "test_setting", "test_rename", "a", "b", "c", "one",
     "targets", "t", "id", "literal_eval", "value", "isinstance", "ROOT", "test_value", "test_new_name",
     "test_old_name_gone", "TestRename", "TestSetting", "append", "assertNotIn", "rename", "setting", "count", "word", "words", "split", "reversed", "get", "counts", "endswith", "NotImplementedError",
 })
