@@ -13,7 +13,8 @@ VOCAB = 64
 
 def tiny_model(seed: int = 0, **overrides: object) -> MoETransformer:
     torch.manual_seed(seed)
-    return MoETransformer(ModelConfig.preset("tiny", vocab_size=VOCAB, max_seq_len=64, **overrides)).eval()
+    kw: dict[str, object] = {"vocab_size": VOCAB, "max_seq_len": 64} | overrides
+    return MoETransformer(ModelConfig.preset("tiny", **kw)).eval()  # type: ignore[arg-type]
 
 
 def rollout(model: MoETransformer | None, prompt: list[int], sampled: list[list[int]], *, task: str = "t",

@@ -1,0 +1,165 @@
+"""The RL training loop: sample tasks → rollouts → (graded, rewarded) → GRPO update → new
+weights to the inference side, with a version number → metrics → checkpoint.
+
+The loop does not run sessions itself. A :class:`RolloutSource` does: the production
+one is ``rl.rollout``'s (Ray rollout workers running ``agent.runtime.build_session``
+sessions against an inference actor, graders on fresh forks); tests pass a small
+in-process source. Whatever the source, it returns graded, rewarded
+:class:`rl.types.Rollout` objects, each stamped with the ``weights_version`` that
+produced it, and receives every new version through :meth:`RolloutSource.publish`.
+
+Task order: each epoch is the task set's ids shuffled by ``random.Random(seed + epoch)``;
+an iteration takes the next ``tasks_per_iteration`` of them (wrapping into the next
+epoch). The order and the position are part of the checkpoint, so a resumed run samples
+exactly the tasks the uninterrupted run would have.
+
+Resume: with ``resume=True`` the loop continues from ``OUT/checkpoints/latest``
+(weights, optimizer, RNG, iteration, weights version, task order); a run killed between
+iterations and resumed gives the same next iteration as one that was not
+(``tests/rl/train/test_loop.py``). Not guaranteed: the same after a kill *during* an
+iteration — that iteration is redone from the last checkpoint, with the same RNG, but
+rollouts whose sources are not deterministic (real wall-clock limits) may differ.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rl.config import RunConfig
+from rl.train.metrics import append_metrics, plot_metrics, read_metrics, rollout_metrics
+from rl.types import Rollout
+
+__all__ = ["LoopResult", "RolloutSource", "next_tasks", "run_loop"]
+
+
+class RolloutSource(Protocol):
+    """Where rollouts come from (see the module docstring)."""
+
+    def publish(self, state_dict: dict[str, Any], version: int) -> None:
+        """Make these weights (``model.state_dict()``, CPU tensors) the sampler's, as ``version``."""
+        ...
+
+    def collect(self, task_ids: Sequence[str], *, iteration: int, group_size: int) -> list[Rollout]:
+        """``group_size`` graded, rewarded rollouts of each task (infra failures as ``INFRA_ERROR``)."""
+        ...
+
+
+@dataclass
+class LoopResult:
+    iterations_done: int
+    weights_version: int
+    records: list[dict[str, Any]]
+    out_dir: Path
+
+
+def next_tasks(task_ids: Sequence[str], n: int, *, seed: int, order: list[str], pos: int, epoch: int,
+               ) -> tuple[list[str], list[str], int, int]:
+    """The next ``n`` tasks and the new ``(order, pos, epoch)`` (see the module docstring)."""
+    if not task_ids:
+        raise ValueError("the task set is empty: nothing to train on")
+    picked: list[str] = []
+    while len(picked) < n:
+        if not order or pos >= len(order):
+            if order:
+                epoch += 1
+            order = sorted(task_ids)
+            random.Random(seed + epoch).shuffle(order)
+            pos = 0
+        take = min(n - len(picked), len(order) - pos)
+        picked += order[pos: pos + take]
+        pos += take
+    return picked, order, pos, epoch
+
+
+def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_ids: Sequence[str],
+             source: RolloutSource, resume: bool = True, stop_after: int | None = None,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> LoopResult:
+    """Train ``model`` for ``cfg.iterations`` iterations (or stop after ``stop_after`` more).
+
+    ``progress`` is called with each iteration's record (the CLI draws its bar from it).
+    Metrics go to ``OUT/metrics.jsonl`` and ``OUT/curves.png``; checkpoints to
+    ``OUT/checkpoints`` every ``cfg.checkpoint_every`` iterations and after the last.
+    """
+    import numpy as np
+    import torch
+
+    from rl.train.checkpoints import RunState, latest_checkpoint, load_run_state, save_run_state
+    from rl.train.grpo import GRPOTrainer
+
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    trainer = GRPOTrainer(model, cfg.grpo, pad_id=tokenizer.pad_id, lr=cfg.lr, weight_decay=cfg.weight_decay,
+                          grad_clip=cfg.grad_clip)
+    latest = latest_checkpoint(out) if resume else None
+    if latest is not None:
+        state = load_run_state(latest, model, trainer.optimizer)
+    else:
+        state = RunState(iteration=0, weights_version=0)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+    metrics_path = out / "metrics.jsonl"
+    if metrics_path.exists():  # drop records of iterations after the checkpoint (a kill mid-run)
+        kept = [r for r in read_metrics(metrics_path) if r.get("iteration", 0) <= state.iteration]
+        metrics_path.write_text("")
+        for r in kept:
+            append_metrics(metrics_path, r)
+    t = time.perf_counter()
+    source.publish(_cpu_state(model), state.weights_version)
+    sync_s = time.perf_counter() - t
+    records: list[dict[str, Any]] = []
+    done_now = 0
+    while state.iteration < cfg.iterations and (stop_after is None or done_now < stop_after):
+        tasks, state.task_order, state.task_pos, state.epoch = next_tasks(
+            task_ids, cfg.tasks_per_iteration, seed=cfg.seed, order=state.task_order, pos=state.task_pos,
+            epoch=state.epoch)
+        t0 = time.perf_counter()
+        rollouts = source.collect(tasks, iteration=state.iteration, group_size=cfg.grpo.group_size)
+        t1 = time.perf_counter()
+        stale = [r for r in rollouts if r.weights_version != state.weights_version]
+        if stale:
+            raise RuntimeError(f"{len(stale)} rollouts were sampled with weights version "
+                               f"{stale[0].weights_version}, not the published {state.weights_version}: "
+                               "the source did not apply publish()")
+        train_m = trainer.step(rollouts)
+        t2 = time.perf_counter()
+        state.iteration += 1
+        done_now += 1
+        if train_m.get("stepped"):
+            state.weights_version += 1
+            source.publish(_cpu_state(model), state.weights_version)
+        t3 = time.perf_counter()
+        timing = _source_timings(source)
+        record = {"iteration": state.iteration, "weights_version": state.weights_version, "tasks": len(tasks),
+                  **rollout_metrics(rollouts), **train_m,
+                  "time_rollouts_s": t1 - t0, "time_training_s": t2 - t1, "time_weight_sync_s": (t3 - t2) + sync_s,
+                  **timing}
+        sync_s = 0.0
+        append_metrics(metrics_path, record)
+        records.append(record)
+        if state.iteration % cfg.checkpoint_every == 0 or state.iteration == cfg.iterations:
+            save_run_state(out, model, tokenizer, trainer.optimizer, state, profile=profile)
+        if progress is not None:
+            progress(record)
+    all_records = read_metrics(metrics_path) if metrics_path.exists() else []
+    if all_records:
+        plot_metrics(all_records, out / "curves.png", title=cfg.name)
+    return LoopResult(state.iteration, state.weights_version, records, out)
+
+
+def _cpu_state(model: Any) -> dict[str, Any]:
+    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+
+
+def _source_timings(source: RolloutSource) -> dict[str, float]:
+    """``time_generation_s``/``time_tools_s``/``time_grading_s`` when the source reports them
+    (an optional ``last_timings`` attribute: the split happens inside the rollout workers)."""
+    timings = getattr(source, "last_timings", None)
+    if not isinstance(timings, dict):
+        return {}
+    return {f"time_{k}_s": float(v) for k, v in timings.items() if isinstance(v, (int, float))}

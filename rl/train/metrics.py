@@ -1,0 +1,153 @@
+"""Metrics per iteration: one JSON object per line in ``OUT/metrics.jsonl`` and PNG plots.
+
+:func:`rollout_metrics` aggregates one iteration's rollouts:
+
+* outcome — ``success_rate`` (graded rollouts whose grader passed, over the
+  rollouts that were not infra errors), ``mean_reward``, ``tokens_per_solved``
+  (policy-sampled tokens of solved rollouts / solved rollouts), status counts;
+* behaviour — every numeric key of ``Rollout.metrics`` (written per rollout by
+  ``rl/behaviour.py``) as its mean over the rollouts that have it, ``rollout_<key>``;
+  and, when those keys exist, the ratios the issue names: ``tool_calls_per_model_call``
+  (``tool_calls`` / ``model_calls``), ``parallel_call_share`` (``parallel_steps`` /
+  ``model_calls``: model calls with two or more tool calls), ``blind_edit_rate``
+  (``blind_edits`` / ``edits``), ``malformed_call_rate`` (``malformed_calls`` /
+  ``tool_calls``) — ratios of sums, not means of ratios, so a long rollout weighs
+  by its calls;
+* ``rollout_wall_s_p50/p90/max`` from ``Rollout.metrics["wall_s"]``.
+
+Trainer metrics (loss, entropy, grad norm, sampler/trainer Δ, TIS clipping,
+expert balance: :class:`rl.train.grpo.GRPOTrainer`) and the time split
+(``time_generation_s``, ``time_tools_s``, ``time_grading_s``, ``time_training_s``,
+``time_weight_sync_s``) are merged in by the loop.
+
+Not guaranteed: that a behaviour key exists (a producer that does not record
+``blind_edits`` gives no ``blind_edit_rate``; the plot then omits that panel).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rl.types import Rollout, RolloutStatus
+
+__all__ = ["PLOTS", "append_metrics", "percentile", "plot_metrics", "read_metrics", "rollout_metrics"]
+
+_RATIOS = {  # name: (numerator key, denominator key) of Rollout.metrics
+    "tool_calls_per_model_call": ("tool_calls", "model_calls"),
+    "parallel_call_share": ("parallel_steps", "model_calls"),
+    "blind_edit_rate": ("blind_edits", "edits"),
+    "malformed_call_rate": ("malformed_calls", "tool_calls"),
+}
+
+PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys drawn on it
+    ("success rate", ("success_rate", "heldout_success_rate")),
+    ("mean reward", ("mean_reward",)),
+    ("tokens per solved task", ("tokens_per_solved",)),
+    ("tool calls per model call", ("tool_calls_per_model_call",)),
+    ("share of model calls with >= 2 parallel calls", ("parallel_call_share",)),
+    ("blind-edit rate", ("blind_edit_rate",)),
+    ("malformed-call rate", ("malformed_call_rate",)),
+    ("model calls per rollout", ("rollout_model_calls",)),
+    ("rollout wall time (s)", ("rollout_wall_s_p50", "rollout_wall_s_p90", "rollout_wall_s_max")),
+    ("time split (s)", ("time_generation_s", "time_tools_s", "time_grading_s", "time_training_s",
+                        "time_weight_sync_s")),
+    ("sampler/trainer |Δ logprob|", ("logprob_diff_mean", "logprob_diff_max", "kl_sampler_trainer")),
+    ("importance weights clipped", ("tis_clipped_frac", "ppo_clipped_frac")),
+    ("expert load balance (max/mean)", ("expert_balance",)),
+    ("entropy", ("entropy",)),
+    ("grad norm", ("grad_norm",)),
+)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (``q`` in 0..100) of a non-empty sequence."""
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def rollout_metrics(rollouts: Sequence[Rollout], *, prefix: str = "") -> dict[str, float]:
+    """One iteration's rollout aggregates (see the module docstring); keys get ``prefix``."""
+    out: dict[str, float] = {"rollouts": float(len(rollouts))}
+    for status in RolloutStatus:
+        out[f"status_{status.value}"] = float(sum(r.status is status for r in rollouts))
+    scored = [r for r in rollouts if r.status is not RolloutStatus.INFRA_ERROR]
+    if scored:
+        solved = [r for r in scored if r.grade is not None and r.grade.passed]
+        out["success_rate"] = len(solved) / len(scored)
+        rewards = [r.reward for r in scored if r.reward is not None]
+        if rewards:
+            out["mean_reward"] = sum(rewards) / len(rewards)
+        if solved:
+            out["tokens_per_solved"] = sum(sum(r.loss_mask) for r in solved) / len(solved)
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for r in scored:
+        for k, v in r.metrics.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                sums[k] = sums.get(k, 0.0) + float(v)
+                counts[k] = counts.get(k, 0) + 1
+    for k in sorted(sums):
+        out[f"rollout_{k}"] = sums[k] / counts[k]
+    for name, (num, den) in _RATIOS.items():
+        if num in sums and den in sums and sums[den] > 0:
+            out[name] = sums[num] / sums[den]
+    walls = [float(r.metrics["wall_s"]) for r in scored if isinstance(r.metrics.get("wall_s"), (int, float))]
+    if walls:
+        out |= {"rollout_wall_s_p50": percentile(walls, 50), "rollout_wall_s_p90": percentile(walls, 90),
+                "rollout_wall_s_max": max(walls)}
+    return {prefix + k: v for k, v in out.items()}
+
+
+def append_metrics(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one iteration's record as a JSON line (flushed, so a killed run keeps it)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
+        f.flush()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def plot_metrics(records: Iterable[dict[str, Any]], out_png: str | Path, *, x_key: str = "iteration",
+                 title: str = "") -> Path:
+    """One PNG with a panel per metric group of :data:`PLOTS` that has data (Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = list(records)
+    panels = [(t, [k for k in keys if any(k in r for r in recs)]) for t, keys in PLOTS]
+    panels = [(t, ks) for t, ks in panels if ks]
+    n = max(1, len(panels))
+    cols = 3
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    for ax, (t, keys) in zip(axes.flat, panels, strict=False):
+        for k in keys:
+            pts = [(r[x_key], r[k]) for r in recs if k in r and x_key in r]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=k)
+        ax.set_title(t, fontsize=9)
+        ax.set_xlabel(x_key, fontsize=8)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+    return out

@@ -1,0 +1,108 @@
+"""The training loop and exact resume, driven by a small IN-PROCESS rollout source (a test
+stand-in for rl.rollout's Ray workers: it samples token sequences from a copy of the
+trainer's weights with the global torch RNG, so a resume that lost the RNG state differs)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from agent.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from agent.model.tokenizer import Tokenizer, train_tokenizer
+from agent.prompt import profile_named
+from rl.config import RunConfig
+from rl.train.checkpoints import latest_checkpoint
+from rl.train.loop import next_tasks, run_loop
+from rl.types import GradeResult, Rollout, RolloutStatus, Segment
+from tests.rl.train.helpers import tiny_model
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return train_tokenizer(["def f(x):\n    return x + 1\n" * 20, "class A:\n    pass\n" * 20], 300)
+
+
+class ToySource:
+    """Reward = share of even token ids among 4 sampled ones; one rollout per task id is an infra error."""
+
+    def __init__(self, vocab: int) -> None:
+        self.model = tiny_model(seed=1, vocab_size=vocab)
+        self.version = -1
+        self.last_timings = {"generation": 0.0}
+
+    def publish(self, state_dict: dict[str, Any], version: int) -> None:
+        self.model.load_state_dict(state_dict)
+        self.version = version
+
+    def collect(self, task_ids: Sequence[str], *, iteration: int, group_size: int) -> list[Rollout]:
+        out = []
+        for t_i, task in enumerate(task_ids):
+            for s in range(group_size):
+                ids = [1, 7 + t_i]
+                lps: list[float] = []
+                with torch.no_grad():
+                    for _ in range(4):
+                        logp = torch.log_softmax(self.model(torch.tensor([ids])).logits[0, -1], -1)
+                        nxt = int(torch.multinomial(logp.exp(), 1))
+                        ids.append(nxt)
+                        lps.append(float(logp[nxt]))
+                reward = sum(i % 2 == 0 for i in ids[2:]) / 4
+                status = RolloutStatus.INFRA_ERROR if s == group_size - 1 and t_i == 0 else RolloutStatus.FINISHED
+                out.append(Rollout(run_id="toy", iteration=iteration, task_id=task, sample=s, status=status,
+                                   segments=[Segment(ids[:2], False), Segment(ids[2:], True, lps)],
+                                   weights_version=self.version, reward=reward,
+                                   grade=GradeResult(reward > 0.5, "", 0.0), metrics={"model_calls": 1.0}))
+        return out
+
+
+def _cfg(out: Path, iterations: int = 2) -> RunConfig:
+    return RunConfig.model_validate({"out_dir": str(out), "iterations": iterations, "tasks_per_iteration": 2,
+                                     "lr": 1e-2, "seed": 3, "grpo": {"group_size": 4, "norm_tokens": 4}})
+
+
+def _run(out: Path, tok: Tokenizer, *, stop_after: int | None = None, scramble: bool = False) -> Any:
+    model = tiny_model(seed=1, vocab_size=tok.vocab_size)  # the same init every time (a fresh process)
+    if scramble:  # what a fresh process's RNG would be: not the run's
+        torch.manual_seed(12345)
+    return model, run_loop(_cfg(out), model=model, tokenizer=tok, profile=profile_named("compact"),
+                           task_ids=[f"task{i}" for i in range(3)], source=ToySource(tok.vocab_size),
+                           stop_after=stop_after)
+
+
+def test_killed_and_resumed_run_gives_identical_weights(tmp_path: Path, tok: Tokenizer) -> None:
+    straight, res = _run(tmp_path / "a", tok)
+    assert res.iterations_done == 2 and res.weights_version == 2
+    recs = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in recs] == [1, 2] and all(r["n_infra_excluded"] == 1 for r in recs)
+    assert (tmp_path / "a" / "curves.png").is_file()
+
+    _, first = _run(tmp_path / "b", tok, stop_after=1)  # then the process is killed
+    assert first.iterations_done == 1
+    resumed, res_b = _run(tmp_path / "b", tok, scramble=True)
+    assert res_b.iterations_done == 2 and res_b.weights_version == 2
+    a, b = straight.state_dict(), resumed.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run's"
+    # the trained checkpoint is a serving checkpoint: loads with the one loader, profile included
+    served, _ = load_checkpoint(latest_checkpoint(tmp_path / "b"))
+    assert all(torch.equal(served.state_dict()[k], b[k]) for k in b)
+
+
+def test_resume_refuses_a_checkpoint_of_another_architecture(tmp_path: Path, tok: Tokenizer) -> None:
+    _run(tmp_path, tok, stop_after=1)
+    other = tiny_model(vocab_size=tok.vocab_size, n_layers=1)
+    save_checkpoint(latest_checkpoint(tmp_path), other, tok, step=1, profile=profile_named("compact"))
+    with pytest.raises(CheckpointError, match=r"another architecture .*n_layers: run 2, checkpoint 1"):
+        _run(tmp_path, tok)
+
+
+def test_task_order_is_epoch_shuffled_and_wraps() -> None:
+    ids = ["a", "b", "c"]
+    picked, order, pos, epoch = next_tasks(ids, 2, seed=0, order=[], pos=0, epoch=0)
+    assert sorted(order) == ids and picked == order[:2] and pos == 2 and epoch == 0
+    picked2, order2, pos2, epoch2 = next_tasks(ids, 2, seed=0, order=order, pos=pos, epoch=epoch)
+    assert picked2[0] == order[2] and epoch2 == 1 and pos2 == 1 and sorted(order2) == ids

@@ -1,0 +1,46 @@
+"""Per-iteration metrics: aggregates of hand-made rollouts, JSONL round trip, a PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rl.train.metrics import append_metrics, percentile, plot_metrics, read_metrics, rollout_metrics
+from rl.types import GradeResult, Rollout, RolloutStatus, Segment
+
+
+def _r(passed: bool, *, status: RolloutStatus = RolloutStatus.FINISHED, sampled: int = 4, **metrics: float) -> Rollout:
+    return Rollout(run_id="r", iteration=0, task_id="t", sample=0, status=status,
+                   segments=[Segment([1, 2], False), Segment(list(range(sampled)), True, [0.0] * sampled)],
+                   reward=1.0 if passed else 0.0, grade=GradeResult(passed, "", 0.1), metrics=dict(metrics))
+
+
+def test_rollout_aggregates_are_ratios_of_sums_and_exclude_infra_errors() -> None:
+    rs = [_r(True, sampled=10, model_calls=2, tool_calls=6, parallel_steps=2, edits=1, blind_edits=0, wall_s=1.0),
+          _r(False, sampled=4, model_calls=8, tool_calls=4, parallel_steps=0, edits=3, blind_edits=3, wall_s=3.0),
+          _r(False, status=RolloutStatus.INFRA_ERROR, model_calls=100, wall_s=99.0)]
+    m = rollout_metrics(rs)
+    assert m["success_rate"] == 0.5 and m["mean_reward"] == 0.5 and m["status_infra_error"] == 1
+    assert m["tokens_per_solved"] == 10
+    assert m["tool_calls_per_model_call"] == pytest.approx(10 / 10)
+    assert m["parallel_call_share"] == pytest.approx(2 / 10)
+    assert m["blind_edit_rate"] == pytest.approx(3 / 4)
+    assert m["rollout_model_calls"] == 5 and m["rollout_wall_s_max"] == 3.0
+    assert "malformed_call_rate" not in m  # no producer recorded malformed_calls
+
+
+def test_percentile() -> None:
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([0.0, 10.0], 90) == 9.0
+
+
+def test_jsonl_and_png(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    for i in range(3):
+        append_metrics(path, {"iteration": i, "success_rate": i / 3, "grad_norm": 1.0, "entropy": 2.0 - i})
+    recs = read_metrics(path)
+    assert [r["iteration"] for r in recs] == [0, 1, 2]
+    png = plot_metrics(recs, tmp_path / "curves.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError):
+        append_metrics(path, {"iteration": 3, "loss": float("nan")})  # never a silent NaN in the log
