@@ -1,0 +1,208 @@
+"""Token-in/token-out: a policy whose conversation is kept as token ids, never re-tokenised.
+
+:class:`LocalPolicy` tokenises the whole rendered prompt at every model call;
+BPE is not compositional, so the ids of ``prompt + sampled text`` need not be
+the ids the engine sampled, and a trainer that re-tokenised would train on a
+sequence the sampler never saw. :class:`TokenInTokenOutPolicy` instead keeps
+the full token sequence the engine has consumed and produced so far and, at
+each model call:
+
+1. checks that the new rendered text extends the previous prompt text plus
+   the text the model produced (``render_prompt`` is append-only for a fixed
+   profile and tool set) — else :class:`PolicyError`, never a silent
+   re-tokenisation;
+2. tokenises only the new suffix (the tool results or the next user message,
+   with their template markers) and sends ``held tokens + suffix ids`` to the
+   engine, whose prefix cache then computes only the suffix.
+
+End-of-message markers: the engine's sampled ids include the token that
+ended the message (see :mod:`agent.model.engine`); their text beyond the
+message (the *tail*, normally ``"\\n<|end|>"``) is what the rendered prompt
+puts after the message, so the suffix starts after it — no marker is
+duplicated or dropped. A message the model ended with a bare marker
+(``<|end|>`` without the newline, or another role marker) keeps the model's
+own token; the template's ``"\\n<|end|>"`` is then not appended again
+(``marker_fixups`` counts these: the one case where the token sequence and
+the rendered text differ, by that newline). A message cut by the token limit
+has no tail; the template's end marker is appended as consumed tokens.
+
+:attr:`segments` is the rollout's token sequence as :class:`rl.types.Segment`-shaped
+records (consumed vs sampled, logprobs, MoE routes when requested): their
+concatenation is exactly the last request's prompt plus its output.
+
+The generator behind the policy is a :class:`TokenCompleter` — the engine
+itself (:class:`agent.model.engine.Engine`) or the RL inference actor. Not
+guaranteed: streaming within a step (the whole completion arrives as one
+chunk, so tool calls of a step start when its generation ends); use across
+two conversations (one policy per session).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent.policy import PolicyChunk, PolicyError
+from agent.prompt import CHAT_TEMPLATE, DEFAULT_PROFILE, PromptProfile, RenderedPrompt
+
+
+class TokenCompleter(Protocol):
+    """Runs one generation request (``agent.model.engine.GenerationRequest``) to its end."""
+
+    async def complete(self, request: Any) -> Any: ...  # -> agent.model.engine.Completion
+
+
+@dataclass(slots=True)
+class TokenSegment:
+    """One run of the sequence; the same fields as ``rl.types.Segment`` (agent/ cannot import rl/)."""
+
+    token_ids: list[int]
+    sampled: bool
+    logprobs: list[float] = field(default_factory=list)
+    routes: list[list[list[int]]] | None = None
+
+
+_MESSAGE_END = "\n" + CHAT_TEMPLATE.end.rstrip("\n")  # what the template puts after an assistant message
+
+
+class TokenInTokenOutPolicy:
+    name = "tito"
+
+    def __init__(
+        self, completer: TokenCompleter, tokenizer: Any, *, prompt_profile: PromptProfile = DEFAULT_PROFILE,
+        max_tokens: int = 512, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
+        return_routes: bool = False, special_tokens: tuple[str, ...] | None = None,
+    ) -> None:
+        from agent.model.tokenizer import SPECIAL_TOKENS
+
+        self.completer = completer
+        self.tokenizer = tokenizer
+        self.prompt_profile = prompt_profile
+        self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
+        self.return_routes = return_routes
+        self._seeds = itertools.count(seed) if seed is not None else None
+        self._specials = special_tokens or SPECIAL_TOKENS
+        self.segments: list[TokenSegment] = []
+        self.held: list[int] = []  # every token the engine consumed or produced, in order
+        self._text = ""  # the rendered text the held tokens stand for, up to the end of the last message
+        self._tail = ""  # the text of the sampled ids beyond the message (its end marker)
+        self._routes: list[list[list[int]]] = []  # per consumed position, when return_routes
+        self.model_calls = 0
+        self.marker_fixups = 0
+        self.weights_versions: list[int] = []
+
+    # -- the suffix --------------------------------------------------------------
+
+    def _new_ids(self, text: str) -> list[int]:
+        if not self.held:
+            return list(self.tokenizer.encode(text))
+        if not text.startswith(self._text):
+            at = next((i for i, (a, b) in enumerate(zip(text, self._text)) if a != b), min(len(text), len(self._text)))
+            raise PolicyError(
+                f"token-in/token-out: the rendered prompt does not extend the previous prompt and the model's "
+                f"output (first difference at character {at}: expected {self._text[at:at + 40]!r}, got "
+                f"{text[at:at + 40]!r}); the prompt rendering must be append-only (same profile and tools). "
+                "Start a new policy for a new conversation"
+            )
+        cont = text[len(self._text) :]
+        if cont.startswith(self._tail):
+            rest = cont[len(self._tail) :]
+        elif any(self._tail.endswith(m) for m in self._specials) and cont.startswith(_MESSAGE_END):
+            rest = cont[len(_MESSAGE_END) :]  # the model's own marker stands for the template's
+            self.marker_fixups += 1
+        else:
+            raise PolicyError(
+                f"token-in/token-out: the model's message ended with {self._tail!r}, which the rendered "
+                f"prompt does not continue with (it continues {cont[:40]!r}); cannot extend the token "
+                "sequence without re-tokenising"
+            )
+        return list(self.tokenizer.encode(rest)) if rest else []
+
+    # -- Policy ------------------------------------------------------------------
+
+    async def stream(self, prompt: RenderedPrompt) -> AsyncIterator[PolicyChunk]:
+        from agent.model.engine import EngineError, GenerationRequest, PromptTooLong
+
+        if not prompt.text:
+            raise PolicyError("token-in/token-out policy: the rendered prompt has no text form")
+        new = self._new_ids(prompt.text)
+        ids = self.held + new
+        request = GenerationRequest(
+            prompt_ids=ids, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
+            stop=list(CHAT_TEMPLATE.turn_stops), seed=next(self._seeds) if self._seeds is not None else None,
+            return_routes=self.return_routes, routes_from=len(self._routes) if self.return_routes else 0,
+        )
+        try:
+            done = await self.completer.complete(request)
+        except PromptTooLong as exc:
+            raise PolicyError(f"token-in/token-out policy: the conversation no longer fits the context: {exc}") from None
+        except EngineError as exc:
+            raise PolicyError(f"token-in/token-out policy: {exc}") from None
+        decoded = self.tokenizer.decode(done.token_ids)
+        if not decoded.startswith(done.text):
+            raise PolicyError(
+                f"token-in/token-out policy: the sampled ids decode to {decoded[:60]!r}, which does not start "
+                f"with the streamed text {done.text[:60]!r}"
+            )
+        if new or not self.segments:
+            self.segments.append(TokenSegment(new if self.held else ids, sampled=False))
+        self.segments.append(TokenSegment(list(done.token_ids), sampled=True, logprobs=list(done.logprobs)))
+        self.held = ids + list(done.token_ids)
+        self._text, self._tail = prompt.text + done.text, decoded[len(done.text) :]
+        self.model_calls += 1
+        info = getattr(done, "info", None)
+        if info is not None:
+            self.weights_versions.append(info.weights_version)
+            if self.return_routes and info.routes is not None:
+                self._routes += info.routes
+        yield PolicyChunk(done.text, token_ids=tuple(done.token_ids), logprobs=tuple(done.logprobs),
+                          output_tokens=len(done.token_ids), finish_reason=done.finish_reason)
+
+    def routed_segments(self) -> list[TokenSegment]:
+        """:attr:`segments` with their MoE routes filled in (``return_routes=True``):
+        per token ``[n_layers][top_k]`` expert ids; the final token, never an
+        input, gets ``-1`` entries (route it freely when replaying)."""
+        if not self.return_routes:
+            return list(self.segments)
+        out, pos = [], 0
+        blank = [[-1] * len(self._routes[0][0])] * len(self._routes[0]) if self._routes else []
+        for seg in self.segments:
+            n = len(seg.token_ids)
+            routes = [self._routes[i] if i < len(self._routes) else blank for i in range(pos, pos + n)]
+            out.append(TokenSegment(seg.token_ids, seg.sampled, seg.logprobs, routes))
+            pos += n
+        return out
+
+    async def aclose(self) -> None:
+        return None
+
+
+class ScriptedCompleter:
+    """A :class:`TokenCompleter` that returns recorded model outputs, one per request,
+    as the token ids the tokenizer gives them plus the ``<|end|>`` token (logprob 0).
+
+    The token counterpart of :class:`agent.policies.scripted.ScriptedPolicy`:
+    it drives the real session loop, parser and tools through the
+    token-in/token-out path without a trained model (tests, demonstrations).
+    ``requests`` records every request it served.
+    """
+
+    def __init__(self, outputs: list[str], tokenizer: Any) -> None:
+        self.outputs = list(outputs)
+        self.tokenizer = tokenizer
+        self.requests: list[Any] = []
+        self.completions: list[Any] = []
+
+    async def complete(self, request: Any) -> Any:
+        from agent.model.engine import Completion, EngineError
+
+        if len(self.requests) >= len(self.outputs):
+            raise EngineError(f"the script has no output left (it had {len(self.outputs)})")
+        text = self.outputs[len(self.requests)]
+        self.requests.append(request)
+        ids = [*self.tokenizer.encode(text + "\n"), self.tokenizer.end_id]
+        done = Completion(text, ids, [0.0] * len(ids), "stop", len(request.prompt_ids))
+        self.completions.append(done)
+        return done
