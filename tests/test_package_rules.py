@@ -247,6 +247,6 @@ def test_checks_see_function_level_imports_cycles_and_env_reads(tmp_path: Path,
     })
     found = imports(mods)
     assert direction_violations(found) == [
-        "embeddings/a.py:2: import backend.db (nothing imports backend/ except entry points (backend.cli))"]
+        "embeddings/a.py:2: import backend.db (nothing imports backend/ except entry points (backend.cli, backend.rl_cli))"]
     assert cycles(mods, found) == [["agent.calls", "agent.schema"]]
     assert sorted(b.split(":")[:2] for b in flywheel_env_reads(mods)) == [["tools/w.py", "4"], ["tools/x.py", "2"]]

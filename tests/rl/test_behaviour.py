@@ -1,0 +1,55 @@
+"""rl.behaviour on hand-built event lists."""
+
+from __future__ import annotations
+
+from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
+from rl.behaviour import behaviour
+
+
+def _call(step: int, i: int, name: str | None, args: dict, output: str = "", ok: bool = True,
+          valid: bool = True, data: dict | None = None) -> list[Event]:
+    cid = f"s{step}c{i}"
+    return [ToolCallStarted(step=step, index=i, call_id=cid, name=name, args=args, valid=valid),
+            ToolResultEvent(step=step, index=i, call_id=cid, name=name, ok=ok, output=output, data=data or {})]
+
+
+def test_metrics_of_a_mixed_rollout() -> None:
+    events: list[Event] = [
+        AssistantMessage(step=1, text="", output_tokens=10),
+        *_call(1, 0, "grep", {"pattern": "x"}, "2 matches in 2 files\npkg/a.py:3: x = 1\npkg/b.py-4- y\n"),
+        *_call(1, 1, "glob", {"pattern": "*.py"}, "1 files match '*.py'\nsrc/c.py\n"),
+        AssistantMessage(step=2, text="", output_tokens=7),
+        *_call(2, 0, "edit_file", {"path": "./pkg/a.py"}),  # seen in grep: not blind
+        AssistantMessage(step=3, text="", output_tokens=5),
+        *_call(3, 0, "edit_file", {"path": "pkg/d.py"}),  # never seen: blind
+        *_call(3, 1, None, {}, ok=False, valid=False),  # malformed
+        *_call(3, 2, "write_file", {"path": "new.py"}),  # creates a file: never blind
+        FileEditEvent(call_id="s3c2", path="new.py", diff="", created=True),
+        AssistantMessage(step=4, text="", output_tokens=3),
+        *_call(4, 0, "semantic_search", {"query": "q"}, "...", data={"hits": [{"path": "e.py"}]}),
+        *_call(4, 1, "read_file", {"path": "f.py"}),
+        AssistantMessage(step=5, text="", output_tokens=2),
+        *_call(5, 0, "edit_file", {"path": "e.py"}),
+        *_call(5, 1, "edit_file", {"path": "f.py"}),
+        *_call(5, 2, "edit_file", {"path": "src/c.py"}, ok=False),  # failed edits are not edits
+    ]
+    b = behaviour(events)
+    assert (b.model_calls, b.tool_calls, b.malformed_calls, b.tokens) == (5, 11, 1, 27)
+    assert b.parallel_by_step == [True, False, True, True, True]
+    assert (b.edits, b.blind_edits) == (4, 1)
+    m = b.metrics()
+    assert m["tool_calls_per_model_call"] == 11 / 5 and m["parallel_share"] == 4 / 5
+    assert m["blind_edit_rate"] == 0.25
+
+
+def test_read_after_edit_does_not_unblind_it_and_empty_is_zero() -> None:
+    events: list[Event] = [
+        AssistantMessage(step=1, text=""),
+        *_call(1, 0, "edit_file", {"path": "a.py"}),
+        *_call(1, 1, "read_file", {"path": "a.py"}),
+        AssistantMessage(step=2, text=""),
+        *_call(2, 0, "edit_file", {"path": "a.py"}),
+    ]
+    b = behaviour(events)
+    assert (b.edits, b.blind_edits) == (2, 1)
+    assert behaviour([]).metrics()["blind_edit_rate"] == 0.0

@@ -1,0 +1,64 @@
+"""rl.reward: the ordering properties the docstring states, on exhaustive small grids."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agent.events import AssistantMessage, FileEditEvent, ToolCallStarted, TurnEnd
+from rl.reward import UngradedError, reward, reward_from_counts
+from rl.types import GradeResult
+
+GRID = list(itertools.product([False, True], [False, True], range(0, 12), [False, True], range(1, 60)))
+
+
+def _r(passed: bool, changed: bool, malformed: int, limit: bool, calls: int) -> float:
+    return reward_from_counts(passed=passed, changed=changed, malformed=malformed, hit_limit=limit,
+                              model_calls=calls)[0]
+
+
+def test_every_success_beats_every_failure() -> None:
+    wins = [_r(*g) for g in GRID if g[0] and g[1]]
+    losses = [_r(*g) for g in GRID if not (g[0] and g[1])]
+    assert min(wins) > max(losses)
+
+
+def test_malformed_failure_below_every_well_formed_failure() -> None:
+    failed = [g for g in GRID if not (g[0] and g[1])]
+    assert max(_r(*g) for g in failed if g[2] > 0) < min(_r(*g) for g in failed if g[2] == 0)
+
+
+def test_one_more_malformed_call_never_helps() -> None:
+    for p, c, m, lim, calls in GRID:
+        assert _r(p, c, m + 1, lim, calls) <= _r(p, c, m, lim, calls)
+
+
+def test_ending_without_touching_anything_is_never_rewarded() -> None:
+    assert max(_r(*g) for g in GRID if not g[1]) <= 0.0
+    value, terms = reward([AssistantMessage(step=1, text="done")], GradeResult(True, "", 0.1))
+    assert terms["success"] == 0.0 and value == 0.0
+
+
+def test_from_events() -> None:
+    events = [
+        AssistantMessage(step=1, text="x"),
+        ToolCallStarted(step=1, index=0, call_id="c1", name=None, args={}, valid=False),
+        FileEditEvent(call_id="c2", path="a.py", diff="-"),
+        AssistantMessage(step=2, text="y"),
+        TurnEnd(reason="completed", steps=2, output_tokens=5),
+    ]
+    value, terms = reward(events, GradeResult(True, "", 0.1))
+    assert terms == {"success": 1.0, "malformed": -0.15, "limit": 0.0, "effort": -0.01}
+    assert value == pytest.approx(0.84)
+    _, terms = reward([*events[:-1], TurnEnd(reason="max_steps", steps=2, output_tokens=5)],
+                      GradeResult(False, "", 0.1))
+    assert terms["limit"] == -0.1 and terms["effort"] == 0.0
+
+
+def test_infra_error_is_not_scored_but_a_timeout_is_a_failure() -> None:
+    with pytest.raises(UngradedError, match="not scored: sandbox broke"):
+        reward([], GradeResult(False, "", 0.0, error="sandbox broke"))
+    edit = FileEditEvent(call_id="c", path="a.py", diff="-")
+    value, terms = reward([edit], GradeResult(True, "", 60.0, error="timed out", timed_out=True))
+    assert terms["success"] == 0.0 and value == 0.0
