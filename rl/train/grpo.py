@@ -247,8 +247,9 @@ class GRPOTrainer:
 
     def __init__(self, model: MoETransformer, cfg: GRPOConfig, *, pad_id: int, lr: float,
                  weight_decay: float = 0.0, grad_clip: float = 1.0) -> None:
-        import torch
         from dataclasses import replace
+
+        import torch
 
         self.model, self.cfg, self.pad_id, self.grad_clip = model, cfg, pad_id, grad_clip
         # the run's coefficient replaces the checkpoint's (it is saved with the next checkpoint)
@@ -314,7 +315,7 @@ class GRPOTrainer:
                     log_r = ref_lp - new_lp
                     kl = ((torch.exp(log_r) - log_r - 1) * b["mask"]).sum() / normaliser
                     total = total + cfg.kl_coef * kl
-                    acc["kl_ref"] += float(kl)
+                    acc["kl_ref"] += float(kl.detach())
                 total.backward()
                 mask = b["mask"]
                 with torch.no_grad():
@@ -325,8 +326,8 @@ class GRPOTrainer:
                     acc["abs_delta_sum"] += float(delta.abs().sum())
                     acc["max_abs_delta"] = max(acc["max_abs_delta"], float(delta.abs().max()))
                     acc["kl_sampler_sum"] += float(((r - 1 + delta) * mask).sum())  # k3 of KL(sampler||trainer)
-                    acc["loss"] += float(loss)
-                    acc["aux_loss"] += share * float(out.aux_loss)
+                    acc["loss"] += float(loss.detach())
+                    acc["aux_loss"] += share * float(out.aux_loss.detach())
                     for k, v in st.items():
                         acc[k] += float(v)
                     c = out.expert_counts.detach()

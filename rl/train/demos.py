@@ -1,0 +1,194 @@
+"""Demonstrations for the SFT warm start: a task's reference solution turned into a scripted,
+multi-step transcript, run through the REAL runtime (``agent.runtime.build_session`` with the
+:class:`agent.policies.scripted.ScriptedPolicy`, the production tool set and sandbox), and
+tokenised exactly as the model sees it (:func:`demo_segments`).
+
+Styles, so that the demonstrations are as mixed as real data (and what RL changes is
+measurable):
+
+* ``parallel`` — every file the fix touches read in ONE model call, then the edits, then the tests;
+* ``sequential`` — one file read per model call;
+* ``search`` — a ``grep`` for the first changed line's identifier, then reads, edits, tests;
+* ``blind`` — edit before reading; with ``fail_blind`` the first edit's ``search`` text is
+  wrong (as a model that guessed the file would write it), the edit fails, and the transcript
+  recovers: read, correct edit, tests.
+
+A :class:`DemoTask` is the minimum a demonstration needs (request, files, edits, test command);
+:func:`demo_task_from_patch` builds one from a task's unified-diff reference patch (the form
+``rl/tasks`` stores). Not guaranteed: that a demonstration *passes* — the transcript runs the
+task's tests and answers either way; callers keep those whose tests pass (or not: failed
+recoveries are real data too).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from agent.parser import encode_call
+from rl.types import Segment
+
+if TYPE_CHECKING:
+    from agent.model.tokenizer import Tokenizer
+    from agent.prompt import PromptProfile, RenderedPrompt
+    from tools.protocols import Sandbox, Workspace
+
+__all__ = ["DemoTask", "Edit", "STYLES", "demo_segments", "demo_task_from_patch", "record_demo", "scripted_outputs"]
+
+Style = Literal["parallel", "sequential", "search", "blind"]
+STYLES: tuple[Style, ...] = ("parallel", "sequential", "search", "blind")
+_HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
+
+
+@dataclass(frozen=True, slots=True)
+class Edit:
+    path: str
+    search: str
+    replace: str
+
+
+@dataclass(frozen=True, slots=True)
+class DemoTask:
+    task_id: str
+    request: str
+    edits: tuple[Edit, ...]
+    test_command: str
+    extra_reads: tuple[str, ...] = ()  # files worth reading besides the edited ones (the failing test)
+
+    @property
+    def paths(self) -> list[str]:
+        return list(dict.fromkeys([*(e.path for e in self.edits), *self.extra_reads]))
+
+
+def demo_task_from_patch(task_id: str, request: str, patch: str, test_command: str,
+                         extra_reads: Sequence[str] = ()) -> DemoTask:
+    """Edits from a unified diff: each hunk's old side (context + removed lines) becomes ``search``,
+    its new side (context + added) ``replace``. Raises ``ValueError`` for a patch with no hunk or one
+    that creates or deletes a file (an ``edit_file`` cannot)."""
+    edits: list[Edit] = []
+    path: str | None = None
+    old: list[str] = []
+    new: list[str] = []
+
+    def flush() -> None:
+        if path is not None and (old or new):
+            edits.append(Edit(path, "".join(old), "".join(new)))
+
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("+++ "):
+            flush()
+            old, new = [], []
+            target = line[4:].strip()
+            if target == "/dev/null":
+                raise ValueError(f"{task_id}: the patch deletes a file; demonstrations edit existing files only")
+            path = target[2:] if target.startswith("b/") else target
+        elif line.startswith("--- "):
+            if line[4:].strip() == "/dev/null":
+                raise ValueError(f"{task_id}: the patch creates a file; demonstrations edit existing files only")
+        elif _HUNK.match(line):
+            flush()
+            old, new = [], []
+        elif path is not None and line[:1] in (" ", "-", "+"):
+            body = line[1:]
+            if line[0] in (" ", "-"):
+                old.append(body)
+            if line[0] in (" ", "+"):
+                new.append(body)
+    flush()
+    if not edits:
+        raise ValueError(f"{task_id}: the reference patch has no hunk")
+    return DemoTask(task_id, request, tuple(edits), test_command, tuple(extra_reads))
+
+
+def _read(path: str) -> str:
+    return encode_call("read_file", {"path": path})
+
+
+def _edit(e: Edit) -> str:
+    return encode_call("edit_file", {"path": e.path, "search": e.search, "replace": e.replace})
+
+
+def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_blind: bool = False) -> list[str]:
+    """The model outputs of one demonstration, one string per model call (see the module docstring)."""
+    say = rng.choice(["Let me look at the code first.", "I'll inspect the relevant files.", "Checking the code."])
+    test = encode_call("run_command", {"command": task.test_command})
+    fix = "\n".join(_edit(e) for e in task.edits)
+    answer = rng.choice(["The fix is in and the tests pass.", "Done: the change is made and the tests pass."])
+    out: list[str]
+    if style == "parallel":
+        out = [say + "\n" + "\n".join(_read(p) for p in task.paths), fix, test]
+    elif style == "sequential":
+        out = [say + "\n" + _read(p) for p in task.paths] + [fix, test]
+    elif style == "search":
+        m = _IDENT.search(task.edits[0].search)
+        pattern = m.group(0) if m else task.edits[0].path
+        out = [encode_call("grep", {"pattern": pattern}), "\n".join(_read(p) for p in task.paths), fix, test]
+    elif style == "blind":
+        out = []
+        if fail_blind:
+            first = task.edits[0]
+            wrong = Edit(first.path, first.search.replace(" ", "  ", 1) + "# guessed\n", first.replace)
+            out += [_edit(wrong), "That edit did not match; reading the file.\n" + _read(first.path)]
+        out += [fix, test]
+    else:
+        raise ValueError(f"unknown demonstration style {style!r}: choose from {', '.join(STYLES)}")
+    return out + [answer]
+
+
+@dataclass
+class Demonstration:
+    task_id: str
+    style: str
+    outputs: list[str]
+    prompts: list[RenderedPrompt]
+    turn_end: str
+    events: list[dict[str, object]] = field(default_factory=list)
+
+
+async def record_demo(task: DemoTask, style: Style, workspace: Workspace, sandbox: Sandbox | None, *,
+                      profile: PromptProfile, seed: int = 0, fail_blind: bool = False) -> Demonstration:
+    """Run one demonstration through the production runtime on ``workspace`` (the caller's fork,
+    which it deletes). The returned prompts are the exact ones the runtime rendered."""
+    from agent.events import ListSink
+    from agent.policies.scripted import ScriptedPolicy
+    from agent.runtime import SessionParts, build_session
+    from agent.session import Limits
+
+    outputs = scripted_outputs(task, style, rng=random.Random(seed), fail_blind=fail_blind)
+    policy = ScriptedPolicy(outputs)
+    sink = ListSink()
+    session = build_session(SessionParts(workspace, sandbox), policy=policy, profile=profile, sink=sink,
+                            limits=Limits(max_steps=len(outputs) + 1))
+    outcome = await session.run_turn(task.request)
+    events = [e.model_dump(mode="json") for e in sink.events]
+    return Demonstration(task.task_id, style, outputs, list(policy.prompts), outcome.reason, events)
+
+
+def demo_segments(demo: Demonstration, tokenizer: Tokenizer) -> list[Segment]:
+    """Token segments of a demonstration, as the model sees them in serving: the first rendered
+    prompt; then per model call the output + ``"\\n"`` + ``<|end|>`` (sampled: loss on these), and
+    the text the next rendered prompt adds (tool results, markers; not sampled).
+
+    Each part is encoded on its own; every boundary is at a special token (``<|end|>`` or a
+    role marker) where the tokenizer splits anyway, so the concatenation equals encoding the
+    final rendered conversation whole. Raises ``ValueError`` if a prompt does not extend the
+    previous one (a runtime change that broke prefix growth)."""
+    from agent.prompt import CHAT_TEMPLATE
+
+    end = CHAT_TEMPLATE.end.rstrip("\n")
+    segments = [Segment(tokenizer.encode(demo.prompts[0].text), sampled=False)]
+    for k, text in enumerate(demo.outputs[: len(demo.prompts)]):
+        sampled = tokenizer.encode(text + "\n") + [tokenizer.end_id]
+        segments.append(Segment(sampled, sampled=True, logprobs=[0.0] * len(sampled)))
+        if k + 1 < len(demo.prompts):
+            prefix = demo.prompts[k].text + text + "\n" + end
+            nxt = demo.prompts[k + 1].text
+            if not nxt.startswith(prefix):
+                raise ValueError(f"demonstration {demo.task_id}/{demo.style}: prompt {k + 2} does not extend "
+                                 f"prompt {k + 1} plus its output")
+            segments.append(Segment(tokenizer.encode(nxt[len(prefix):]), sampled=False))
+    return segments

@@ -1,0 +1,119 @@
+"""SFT warm start: next-token loss on the policy's own tokens of demonstrations
+(:mod:`rl.train.demos`), trained until the held-out loss stops improving.
+
+* Loss: mean cross-entropy over the tokens of ``sampled`` segments (the model's outputs
+  and their closing ``<|end|>``); prompt, tool results and markers are context only. A
+  per-token mean (unlike GRPO's constant normaliser: SFT has no advantage whose scale it
+  would distort).
+* Early stopping: every ``eval_every`` steps the held-out loss is measured; after
+  ``patience`` evaluations without a new best the run stops, and the weights of the best
+  evaluation are restored — the honest start RL is measured against. The curve (step,
+  train loss, held-out loss) is returned and written by the caller.
+* Data order: shuffled per epoch by ``random.Random(seed + epoch)``.
+
+Not guaranteed: that the held-out loss ever improves (a model too small for the data
+stops after ``patience`` evaluations with its initial weights restored).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rl.types import Rollout, RolloutStatus, Segment
+
+if TYPE_CHECKING:
+    from agent.model.transformer import MoETransformer
+    from rl.config import SFTConfig
+
+__all__ = ["SFTResult", "sft_loss", "train_sft"]
+
+
+@dataclass
+class SFTResult:
+    curve: list[dict[str, float]] = field(default_factory=list)  # {"step", "train_loss", "heldout_loss"}
+    best_step: int = 0
+    best_heldout_loss: float = float("inf")
+    steps: int = 0
+    stopped_early: bool = False
+
+
+def _as_rollout(segments: Sequence[Segment]) -> Rollout:
+    return Rollout(run_id="sft", iteration=0, task_id="demo", sample=0, status=RolloutStatus.FINISHED,
+                   segments=list(segments))
+
+
+def sft_loss(model: MoETransformer, examples: Sequence[Sequence[Segment]], pad_id: int) -> Any:
+    """Mean next-token cross-entropy over the sampled tokens of ``examples`` (one batch)."""
+    import torch
+
+    from rl.train.grpo import token_tensors
+
+    t = token_tensors([_as_rollout(e) for e in examples], pad_id, max_len=model.cfg.max_seq_len)
+    out = model(t["input_ids"])
+    logp = torch.log_softmax(out.logits[:, :-1], dim=-1).gather(-1, t["input_ids"][:, 1:, None]).squeeze(-1)
+    mask = t["mask"]
+    return -(logp * mask).sum() / mask.sum().clamp_min(1.0) + out.aux_loss
+
+
+def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout: Sequence[Sequence[Segment]],
+              cfg: SFTConfig, *, pad_id: int, seed: int = 0, grad_clip: float = 1.0,
+              progress: Callable[[dict[str, float]], None] | None = None) -> SFTResult:
+    """Train ``model`` in place on ``train`` with early stopping on ``heldout`` (see the module docstring)."""
+    import torch
+
+    if not train or not heldout:
+        raise ValueError(f"SFT needs training and held-out demonstrations (got {len(train)} and {len(heldout)})")
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    result = SFTResult()
+
+    def evaluate() -> float:
+        model.eval()
+        with torch.no_grad():
+            losses = [float(sft_loss(model, heldout[i: i + cfg.batch], pad_id)) * len(heldout[i: i + cfg.batch])
+                      for i in range(0, len(heldout), cfg.batch)]
+        return sum(losses) / len(heldout)
+
+    best_state = copy.deepcopy(model.state_dict())
+    result.best_heldout_loss = evaluate()
+    result.curve.append({"step": 0, "train_loss": float("nan"), "heldout_loss": result.best_heldout_loss})
+    bad, step, recent = 0, 0, []
+    for epoch in range(cfg.max_epochs):
+        order = list(range(len(train)))
+        random.Random(seed + epoch).shuffle(order)
+        for i in range(0, len(order), cfg.batch):
+            model.train()
+            loss = sft_loss(model, [train[j] for j in order[i: i + cfg.batch]], pad_id)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            opt.step()
+            step += 1
+            recent.append(float(loss.detach()))
+            if step % cfg.eval_every:
+                continue
+            held = evaluate()
+            point = {"step": float(step), "train_loss": sum(recent) / len(recent), "heldout_loss": held}
+            recent = []
+            result.curve.append(point)
+            if progress is not None:
+                progress(point)
+            if held < result.best_heldout_loss:
+                result.best_heldout_loss, result.best_step, bad = held, step, 0
+                best_state = copy.deepcopy(model.state_dict())
+            else:
+                bad += 1
+                if bad >= cfg.patience:
+                    result.stopped_early = True
+                    break
+        if result.stopped_early:
+            break
+    result.steps = step
+    model.load_state_dict(best_state)
+    model.eval()
+    # the JSON-safe curve: no NaN for the step-0 point's missing train loss
+    result.curve[0]["train_loss"] = result.curve[1]["train_loss"] if len(result.curve) > 1 else 0.0
+    return result

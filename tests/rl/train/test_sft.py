@@ -1,0 +1,108 @@
+"""SFT demonstrations through the real runtime (real workspace, real bwrap sandbox, the scripted
+policy) on a tiny hand-made task, their exact tokenisation, and training with early stopping."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.model.config import ModelConfig
+from agent.model.tokenizer import Tokenizer, train_tokenizer
+from agent.model.transformer import MoETransformer
+from agent.prompt import profile_named
+from rl.config import SFTConfig
+from rl.train.demos import STYLES, DemoTask, demo_segments, demo_task_from_patch, record_demo, scripted_outputs
+from rl.train.sft import train_sft
+from tools.sandbox import make_sandbox
+from tools.workspace import WorkspaceStore
+
+CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+TEST = "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n"
+PATCH = """--- a/calc.py
++++ b/calc.py
+@@ -1,2 +1,2 @@
+ def add(a, b):
+-    return a - b
++    return a + b
+"""
+
+
+def _task() -> DemoTask:
+    return demo_task_from_patch("calc-1", "test_calc.py fails: fix add.", PATCH, "cd /workspace && python3 test_calc.py",
+                                extra_reads=["test_calc.py"])
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return train_tokenizer([CALC * 20, TEST * 20, "<tool_call name=\"read_file\">\n" * 10], 400)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[WorkspaceStore, Path]:
+    src = tmp_path_factory.mktemp("src")
+    (src / "calc.py").write_text(CALC)
+    (src / "test_calc.py").write_text(TEST)
+    return WorkspaceStore(tmp_path_factory.mktemp("store")), src
+
+
+def test_patch_becomes_search_replace_edits() -> None:
+    t = _task()
+    assert [(e.path, e.search, e.replace) for e in t.edits] == [
+        ("calc.py", "def add(a, b):\n    return a - b\n", "def add(a, b):\n    return a + b\n")]
+    assert t.paths == ["calc.py", "test_calc.py"]
+    with pytest.raises(ValueError, match="creates a file"):
+        demo_task_from_patch("x", "r", "--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+x\n", "true")
+
+
+def test_styles_differ_in_shape() -> None:
+    t, rng = _task(), random.Random(0)
+    parallel = scripted_outputs(t, "parallel", rng=rng)
+    sequential = scripted_outputs(t, "sequential", rng=rng)
+    assert parallel[0].count("<tool_call") == 2 and len(sequential) == len(parallel) + 1
+    assert scripted_outputs(t, "blind", rng=rng)[0].startswith('<tool_call name="edit_file"')
+
+
+@pytest.mark.parametrize("style", STYLES)
+async def test_demonstration_runs_through_the_runtime_and_tokenises_exactly(
+        style: str, store: tuple[WorkspaceStore, Path], tok: Tokenizer) -> None:
+    ws_store, src = store
+    ws = ws_store.from_dir(src)
+    try:
+        demo = await record_demo(_task(), style, ws, make_sandbox(), profile=profile_named("compact"),  # type: ignore[arg-type]
+                                 fail_blind=style == "blind")
+        assert ws.read_bytes("calc.py").decode() == CALC.replace("a - b", "a + b")
+    finally:
+        ws.delete()
+    results = [e for e in demo.events if e["type"] == "tool_result"]
+    assert demo.turn_end == "completed" and any(r["name"] == "run_command" and "ok" in r["output"] for r in results)
+    if style == "blind":
+        assert not results[0]["ok"]  # the guessed edit failed; the transcript recovered
+    segs = demo_segments(demo, tok)
+    whole = demo.prompts[-1].text + demo.outputs[-1] + "\n<|end|>"
+    assert [t for s in segs for t in s.token_ids] == tok.encode(whole)
+    assert sum(s.sampled for s in segs) == len(demo.outputs)
+
+
+async def test_sft_lowers_heldout_loss_and_stops_early(store: tuple[WorkspaceStore, Path], tok: Tokenizer) -> None:
+    ws_store, src = store
+    examples = []
+    for i, style in enumerate(["parallel", "sequential", "parallel", "sequential"]):
+        ws = ws_store.from_dir(src)
+        try:
+            demo = await record_demo(_task(), style, ws, make_sandbox(), profile=profile_named("compact"),  # type: ignore[arg-type]
+                                     seed=i)
+        finally:
+            ws.delete()
+        examples.append(demo_segments(demo, tok))
+    n = max(sum(len(s.token_ids) for s in e) for e in examples)
+    torch.manual_seed(0)
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=max(1024, n + 8),
+                                              n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64))
+    cfg = SFTConfig(lr=3e-3, batch=1, max_epochs=40, eval_every=3, patience=2)
+    res = train_sft(model, examples[:3], examples[3:], cfg, pad_id=tok.pad_id)
+    assert res.curve[0]["step"] == 0 and len(res.curve) >= 3
+    assert res.best_heldout_loss < res.curve[0]["heldout_loss"]
+    assert res.stopped_early or res.steps == cfg.max_epochs * 3
