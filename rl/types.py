@@ -80,6 +80,7 @@ class Rollout:
     session_id: str = ""  # the rollout's session in the session log
     metrics: dict[str, float] = field(default_factory=dict)  # model_calls, tool_calls, parallel_steps, ...
     detail: str = ""  # why it ended, for limit / error statuses
+    events: list[dict[str, Any]] = field(default_factory=list)  # the session's events as JSON (rl.rollout)
 
     @property
     def token_ids(self) -> list[int]:
