@@ -76,7 +76,14 @@ def _cmd_tasks_build(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_tasks]
+def _add_training(sub: argparse._SubParsersAction) -> None:
+    """``rl sft``, ``rl train``, ``rl eval`` (rl/train/cli.py: argparse only at import)."""
+    from rl.train.cli import add_commands
+
+    add_commands(sub)
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_tasks, _add_training]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

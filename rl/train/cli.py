@@ -1,0 +1,164 @@
+"""``flywheel rl sft``, ``flywheel rl train --config FILE`` and ``flywheel rl eval``.
+
+Registered by ``backend/rl_cli.py`` (the entry point); this module imports only argparse at
+import time, the handlers import torch and the rest.
+
+* ``rl sft`` — demonstrations of the task set's TRAIN split (every style of
+  :mod:`rl.train.demos`, blind edits failing on every other task), recorded through the
+  real runtime, then SFT from ``--init`` with held-out early stopping; writes a serving
+  checkpoint, ``sft_curve.jsonl`` and ``sft_curve.png``.
+* ``rl train`` — the GRPO loop (:mod:`rl.train.loop`) over ``rl.rollout``'s Ray source.
+* ``rl eval`` — pass@1/pass@k over a split through the same rollout source.
+
+``rl train`` and ``rl eval`` need the Ray rollout driver (``rl.rollout.driver``); until it
+exists they exit with status 2 and say so (never a silent no-op).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_commands"]
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("sft", help="SFT warm start on scripted demonstrations of the training tasks")
+    s.add_argument("--tasks", type=Path, required=True, help="task set (JSONL from `flywheel rl tasks build`)")
+    s.add_argument("--init", type=Path, required=True, help="checkpoint to start from (e.g. `flywheel model train`)")
+    s.add_argument("--out", type=Path, required=True, help="checkpoint directory to write")
+    s.add_argument("--config", type=Path, help="run config whose `sft:` section sets the training (optional)")
+    s.add_argument("--seed", type=int, default=0)
+    s.set_defaults(func=_cmd_sft)
+    t = sub.add_parser("train", help="GRPO training from a run config")
+    t.add_argument("--config", type=Path, required=True, help="run config (YAML, TOML or JSON)")
+    t.add_argument("--no-resume", action="store_true", help="start afresh even if OUT has a checkpoint")
+    t.set_defaults(func=_cmd_train)
+    e = sub.add_parser("eval", help="pass@1 / pass@k of a checkpoint or an OpenAI-compatible model on a split")
+    e.add_argument("checkpoint", nargs="?", type=Path, help="checkpoint directory (or use --policy openai)")
+    e.add_argument("--policy", choices=["local", "openai"], default="local")
+    e.add_argument("--base-url")
+    e.add_argument("--model")
+    e.add_argument("--tasks", type=Path, required=True)
+    e.add_argument("--split", choices=["train", "heldout"], default="heldout")
+    e.add_argument("-k", type=int, default=4, help="samples per task (pass@k)")
+    e.set_defaults(func=_cmd_eval)
+
+
+def _fail(cmd: str, msg: str) -> int:
+    print(f"flywheel rl {cmd}: {msg}", file=sys.stderr)
+    return 2
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from agent.model.checkpoint import CheckpointError, load_checkpoint, load_profile, save_checkpoint
+    from rl.config import ConfigError, SFTConfig, load_run_config
+    from rl.tasks.spec import TaskFileError, load_tasks
+    from rl.train.demos import STYLES, demo_segments, demo_task_from_patch, record_demo
+    from rl.train.metrics import append_metrics
+    from rl.train.sft import train_sft
+    from rl.types import Split
+    from tools.sandbox import SandboxUnavailable, make_sandbox
+    from tools.workspace import WorkspaceStore
+
+    try:
+        sft_cfg = load_run_config(args.config).sft if args.config else SFTConfig()
+        tasks = [t for t in load_tasks(args.tasks) if t.split is Split.TRAIN]
+        profile = load_profile(args.init)
+        model, tok = load_checkpoint(args.init)
+        sandbox = make_sandbox()
+    except (ConfigError, TaskFileError, CheckpointError, SandboxUnavailable, OSError, ValueError) as exc:
+        return _fail("sft", str(exc))
+    if not tasks:
+        return _fail("sft", f"{args.tasks} has no train-split tasks")
+    from rl.tasks.workspaces import materialise
+
+    store = WorkspaceStore(args.out.parent / (args.out.name + ".workspaces"))
+    examples, skipped = [], 0
+    bar = tqdm(total=len(tasks), desc="recording demonstrations", unit="task", file=sys.stderr)
+    for i, task in enumerate(tasks):
+        bar.update(1)
+        try:
+            demo_task = demo_task_from_patch(task.id, task.request, task.reference_patch, task.grader.command,
+                                             extra_reads=task.grader.test_files)
+        except ValueError:
+            skipped += 1
+            continue
+        style = STYLES[i % len(STYLES)]
+        ws = materialise(task, store)
+        try:
+            demo = asyncio.run(record_demo(demo_task, style, ws, sandbox, profile=profile, seed=args.seed + i,
+                                           fail_blind=style == "blind" and i % 2 == 0))
+        finally:
+            ws.delete()
+        segs = demo_segments(demo, tok)
+        if sum(len(s.token_ids) for s in segs) <= model.cfg.max_seq_len:
+            examples.append(segs)
+        else:
+            skipped += 1
+    bar.close()
+    if len(examples) < 2:
+        return _fail("sft", f"only {len(examples)} demonstrations fit the model's context ({skipped} skipped)")
+    random.Random(args.seed).shuffle(examples)
+    n_held = max(1, int(len(examples) * sft_cfg.heldout_fraction))
+    torch.manual_seed(args.seed)
+    curve_path = args.out / "sft_curve.jsonl"
+    args.out.mkdir(parents=True, exist_ok=True)
+    curve_path.write_text("")
+    res = train_sft(model, examples[n_held:], examples[:n_held], sft_cfg, pad_id=tok.pad_id, seed=args.seed,
+                    progress=lambda p: print(f"step {int(p['step'])}: train {p['train_loss']:.4f} "
+                                             f"held-out {p['heldout_loss']:.4f}", file=sys.stderr))
+    for point in res.curve:
+        append_metrics(curve_path, point)
+    from rl.train.metrics import plot_metrics
+
+    plot_metrics([{"iteration": p["step"], "sft_train_loss": p["train_loss"], "sft_heldout_loss": p["heldout_loss"]}
+                  for p in res.curve], args.out / "sft_curve.png", title="SFT")
+    save_checkpoint(args.out, model, tok, step=res.steps, profile=profile,
+                    extra={"sft": {"best_step": res.best_step, "best_heldout_loss": res.best_heldout_loss,
+                                   "demonstrations": len(examples), "skipped": skipped}})
+    summary = {"demonstrations": len(examples), "skipped": skipped, "steps": res.steps, "best_step": res.best_step,
+               "best_heldout_loss": res.best_heldout_loss, "stopped_early": res.stopped_early, "out": str(args.out)}
+    print(json.dumps(summary))
+    return 0
+
+
+def _rollout_driver() -> Any:
+    try:
+        from rl.rollout import driver  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return driver
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from rl.config import ConfigError, load_run_config
+
+    try:
+        cfg = load_run_config(args.config)
+    except ConfigError as exc:
+        return _fail("train", str(exc))
+    driver = _rollout_driver()
+    if driver is None:
+        return _fail("train", "the Ray rollout driver (rl.rollout.driver) is not available yet in this version; "
+                              "the trainer (rl.train.loop.run_loop) runs with any RolloutSource")
+    return int(driver.run_training(cfg, resume=not args.no_resume))
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    if args.policy == "local" and args.checkpoint is None:
+        return _fail("eval", "give a CHECKPOINT directory, or --policy openai --base-url URL --model M")
+    if args.policy == "openai" and not (args.base_url and args.model):
+        return _fail("eval", "--policy openai needs --base-url and --model")
+    driver = _rollout_driver()
+    if driver is None:
+        return _fail("eval", "the Ray rollout driver (rl.rollout.driver) is not available yet in this version")
+    return int(driver.run_eval(args))

@@ -1,0 +1,40 @@
+"""The run config: one file, validated, unknown keys refused by name, three formats."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rl.config import ConfigError, load_run_config
+
+
+def test_yaml_toml_json_load_the_same_config(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("seed: 3\ngrpo:\n  group_size: 4\nmodel:\n  preset: small\n")
+    (tmp_path / "a.toml").write_text("seed = 3\n[grpo]\ngroup_size = 4\n[model]\npreset = 'small'\n")
+    (tmp_path / "a.json").write_text('{"seed": 3, "grpo": {"group_size": 4}, "model": {"preset": "small"}}')
+    cfgs = [load_run_config(tmp_path / f"a.{ext}") for ext in ("yaml", "toml", "json")]
+    assert cfgs[0] == cfgs[1] == cfgs[2] and cfgs[0].grpo.group_size == 4 and cfgs[0].grpo.eps_high == 0.28
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("grpo:\n  gruop_size: 4\n", r"unknown key 'grpo.gruop_size'"),
+    ("itterations: 3\n", r"unknown key 'itterations'"),
+    ("grpo:\n  group_size: 1\n", r"grpo.group_size: Input should be greater than or equal to 2"),
+    ("model:\n  preset: huge\n", r"model.preset: unknown preset 'huge'"),
+    ("- a\n- b\n", r"top level must be a mapping"),
+    ("a: [\n", r"not valid yaml"),
+])
+def test_bad_configs_name_what_is_wrong(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        load_run_config(p)
+
+
+def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no config file"):
+        load_run_config(tmp_path / "nope.yaml")
+    (tmp_path / "run.ini").write_text("")
+    with pytest.raises(ConfigError, match="unknown config format '.ini'"):
+        load_run_config(tmp_path / "run.ini")
