@@ -10,7 +10,8 @@ import pytest
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[object]:
     """``ray.init`` once: 2 CPUs, no dashboard, a small object store. Tests that need Ray take this fixture."""
-    ray = pytest.importorskip("ray")
+    import ray  # a dependency (pyproject): a missing ray fails, never skips
+
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
              log_to_driver=False, configure_logging=False)
     try:

@@ -1,0 +1,98 @@
+"""Rollouts as production sessions (no Ray): statuses, segments, and serve/rollout identity."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.events import ListSink, ToolResultEvent
+from agent.parser import encode_call as call
+from agent.policies.scripted import ScriptedPolicy
+from agent.policies.tito import ScriptedCompleter
+from agent.prompt import COMPACT_PROFILE
+from agent.runtime import SessionParts, build_session
+from agent.session import Limits
+from rl.rollout.log import MemoryRolloutLog, persist
+from rl.rollout.worker import DirTask, RolloutJob, RolloutRunner, WorkerConfig
+from rl.types import RolloutStatus
+from tests.agent.model.test_engine import tiny_tokenizer
+from tools.sandbox import make_sandbox
+from tools.workspace import WorkspaceStore
+
+OUTPUTS = [
+    "Look first." + call("read_file", {"path": "app.py"}) + call("run_command", {"command": "ls"}),
+    "Fix." + call("edit_file", {"path": "app.py", "search": "a - b", "replace": "a + b"}),
+    "Done.",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_tokenizer()
+
+
+@pytest.fixture
+def task(tmp_path: Path) -> DirTask:
+    src = tmp_path / "task"
+    src.mkdir()
+    (src / "app.py").write_text("def add(a, b):\n    return a - b\n")
+    return DirTask("t1", "fix add in app.py", str(src))
+
+
+def runner(tmp_path: Path, outputs: list[str], tok, limits: Limits | None = None) -> tuple[RolloutRunner, ScriptedCompleter]:
+    completer = ScriptedCompleter(outputs, tok)
+    config = WorkerConfig(store_root=str(tmp_path / "store"), limits=limits, return_routes=False)
+    return RolloutRunner(config, completer, tok, COMPACT_PROFILE), completer
+
+
+async def test_a_finished_rollout_has_its_events_segments_and_metrics(tmp_path, task, tok) -> None:
+    r, completer = runner(tmp_path, OUTPUTS, tok)
+    [rollout] = await r.run([RolloutJob(task, "run1", 0, 0)])
+    assert rollout.status is RolloutStatus.FINISHED, rollout.detail
+    served = completer.requests[-1].prompt_ids + completer.completions[-1].token_ids
+    assert rollout.token_ids == served
+    assert sum(rollout.loss_mask) == sum(len(c.token_ids) for c in completer.completions)
+    assert rollout.metrics["model_calls"] == 3 and rollout.metrics["tool_calls"] == 3
+    assert rollout.metrics["parallel_steps"] == 1
+    assert {e["session_id"] for e in rollout.events} == {rollout.session_id}
+    assert (Path(task.source_dir) / "app.py").read_text().endswith("a - b\n")  # the rollout worked on a fork
+    log = MemoryRolloutLog()
+    persist(log, rollout, rollout.events)
+    tags = log.sessions[rollout.session_id]["tags"]
+    assert tags == {"rl": True, "run": "run1", "iteration": 0, "task": "t1", "sample": 0, "reward": None,
+                    "status": "finished"}
+
+
+async def test_limit_policy_error_and_infra_error_are_told_apart(tmp_path, task, tok) -> None:
+    r, _ = runner(tmp_path, OUTPUTS, tok, limits=Limits(max_steps=1))
+    [limit] = await r.run([RolloutJob(task, "run", 0, 0)])
+    assert limit.status is RolloutStatus.LIMIT and "max_steps" in limit.detail
+
+    r, _ = runner(tmp_path, OUTPUTS[:1], tok)  # the model fails at its second call
+    [policy] = await r.run([RolloutJob(task, "run", 0, 1)])
+    assert policy.status is RolloutStatus.POLICY_ERROR and "no output left" in policy.detail
+
+    class Broken(DirTask):
+        def start_workspace(self, store):
+            raise OSError("disk gone")
+
+    r, _ = runner(tmp_path, OUTPUTS, tok)
+    [infra] = await r.run([RolloutJob(Broken("t2", "x", "/nonexistent"), "run", 0, 2)])
+    assert infra.status is RolloutStatus.INFRA_ERROR and "disk gone" in infra.detail
+
+
+async def test_rollout_and_server_session_get_byte_identical_prompts_and_tool_results(tmp_path, task, tok) -> None:
+    r, completer = runner(tmp_path, OUTPUTS, tok)
+    [rollout] = await r.run([RolloutJob(task, "run", 0, 0)])
+    # a server-style session: same parts (a fork of the same start, the production sandbox), same model output
+    ws = WorkspaceStore(tmp_path / "server").from_dir(task.source_dir)
+    scripted = ScriptedPolicy(OUTPUTS)
+    sink = ListSink()
+    session = build_session(SessionParts(ws, make_sandbox()), policy=scripted, profile=COMPACT_PROFILE, sink=sink)
+    await session.run_turn(task.request)
+    served_prompts = [tok.decode(req.prompt_ids) for req in completer.requests]
+    assert served_prompts == [p.text for p in scripted.prompts]  # token for token the same text
+    rollout_results = [(e["call_id"], e["ok"], e["output"]) for e in rollout.events if e["type"] == "tool_result"]
+    server_results = [(e.call_id, e.ok, e.output) for e in sink.of_type(ToolResultEvent)]
+    assert rollout_results == server_results and len(server_results) == 3
