@@ -60,6 +60,12 @@ class InferenceServer:
 
         self.engine.stats = EngineStats()
 
+    def peak_rss_mb(self) -> float:
+        """This actor process's peak resident memory (Linux ``ru_maxrss``)."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     def tokenizer_and_profile(self) -> tuple[Any, Any]:
         return self.tokenizer, self.profile
 

@@ -208,6 +208,12 @@ class RolloutWorker:
     async def run(self, jobs: list[RolloutJob]) -> list[Rollout]:
         return await self.runner.run(jobs)
 
+    def peak_rss_mb(self) -> float:
+        """This worker process's peak resident memory (Linux ``ru_maxrss``)."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
 
 def start_workers(n: int, config: WorkerConfig, inference: Any, *, num_cpus: float = 0.5) -> list[Any]:
     """``n`` rollout worker actors sharing one inference actor; each gets its own store subdirectory."""
