@@ -95,6 +95,13 @@ class SessionInfo:
     output_tokens: int
     parent_id: str | None
     branch_step: int | None
+    kind: str = "user"  # "user" | "rl" (an RL rollout, tagged below; see backend/rl_log.py)
+    rl_run: str | None = None
+    rl_iteration: int | None = None
+    rl_task: str | None = None
+    rl_sample: int | None = None
+    rl_reward: float | None = None
+    rl_status: str | None = None
 
     @classmethod
     def of(cls, row: SessionRow) -> SessionInfo:
@@ -186,13 +193,19 @@ class SessionLog:
 
     def list_sessions(
         self, *, owner: str | None = None, status: str | None = None, since: datetime | None = None,
-        until: datetime | None = None, limit: int = 50, offset: int = 0,
+        until: datetime | None = None, limit: int = 50, offset: int = 0, kind: str | None = None,
+        rl_run: str | None = None,
     ) -> list[SessionInfo]:
+        """Sessions, newest first. ``kind`` ("user" | "rl") and ``rl_run`` (an RL run id) filter RL rollouts."""
         q = select(SessionRow).order_by(SessionRow.created_at.desc(), SessionRow.id).limit(limit).offset(offset)
         if owner is not None:
             q = q.where(SessionRow.owner == owner)
         if status is not None:
             q = q.where(SessionRow.status == status)
+        if kind is not None:
+            q = q.where(SessionRow.kind == kind)
+        if rl_run is not None:
+            q = q.where(SessionRow.rl_run == rl_run)
         if since is not None:
             q = q.where(SessionRow.created_at >= since)
         if until is not None:
@@ -203,6 +216,14 @@ class SessionLog:
     def set_status(self, session_id: str, status: str) -> None:
         with DbSession(self.engine) as db, db.begin():
             db.execute(update(SessionRow).where(SessionRow.id == session_id).values(status=status, updated_at=now()))
+
+    def set_rl_outcome(self, session_id: str, *, reward: float | None, status: str) -> None:
+        """Record an RL rollout's reward and :class:`rl.types.RolloutStatus` on its session."""
+        with DbSession(self.engine) as db, db.begin():
+            n = db.execute(update(SessionRow).where(SessionRow.id == session_id, SessionRow.kind == "rl")
+                           .values(rl_reward=reward, rl_status=status, updated_at=now())).rowcount  # type: ignore[attr-defined]
+        if n != 1:
+            raise KeyError(f"no RL session {session_id!r} in the log")
 
     def sessions_with_status(self, status: str) -> list[SessionInfo]:
         with DbSession(self.engine) as db:
@@ -293,65 +314,31 @@ def is_database_failure(exc: BaseException) -> bool:
     return isinstance(exc, (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError))
 
 
-class EventWriter:
-    """One thread that appends events with group commit.
+class EventStore:
+    """The synchronous core of :class:`EventWriter`: commit a batch with retries on a
+    database failure and bisection around bad events (stored as stand-ins).
 
-    ``await writer.append(event)`` returns the stored event once it is
-    committed: ``event`` itself, or its :func:`stand_in` if ``event`` was bad
-    (see the module docstring). Events queued while a commit is in flight go
-    into the next transaction together, so throughput grows with load instead
-    of collapsing. A bad event is found by splitting the failed batch in
-    halves (a few extra transactions per bad event, none for good batches).
-
-    Raises :class:`LogUnavailable` (database failure, after retries) or
-    :class:`EventRejected` (this event and its stand-in both refused).
+    :meth:`store` runs on the caller's thread (e.g. ``backend.rl_log``, which
+    persists a finished rollout's events in one call); :class:`EventWriter`
+    calls the same code from its thread.
     """
 
-    def __init__(self, log: SessionLog, *, max_batch: int = 512):
+    def __init__(self, log: SessionLog) -> None:
         self.log = log
-        self.max_batch = max_batch
-        self._q: queue.SimpleQueue[tuple[Event, asyncio.Future[Event], asyncio.AbstractEventLoop] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(target=self._loop, name="flywheel-event-writer", daemon=True)
-        self._thread.start()
         self.commits = 0
         self.replaced = 0  # bad events stored as error events
 
-    async def append(self, event: Event) -> Event:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Event] = loop.create_future()
-        self._q.put((event, fut, loop))
-        return await fut
+    def store(self, events: Sequence[Event]) -> list[Event]:
+        """Commit ``events``; return what was stored (stand-ins in place of bad events).
 
-    def close(self) -> None:
-        self._q.put(None)
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            batch = [item]
-            stop = False
-            while len(batch) < self.max_batch:
-                try:
-                    nxt = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            try:
-                results = self._store([e for e, _, _ in batch])
-            except BaseException as exc:  # a bug here must not leave a waiter hanging
-                results = [exc] * len(batch)
-            for (_, fut, loop), result in zip(batch, results, strict=True):
-                loop.call_soon_threadsafe(_settle, fut, result)
-            if stop:
-                return
+        Raises the first :class:`LogUnavailable` or :class:`EventRejected`; the
+        events not affected by it are committed all the same.
+        """
+        results = self._store(list(events))
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results  # type: ignore[return-value]
 
     def _store(self, events: list[Event]) -> list[Event | BaseException]:
         """Commit ``events``; isolate the bad ones by bisection. One result per event."""
@@ -397,6 +384,65 @@ class EventWriter:
                 self.replaced += sum(a is not b for a, b in zip(events, stored, strict=True))
                 return stored
         raise AssertionError("unreachable")
+
+
+class EventWriter(EventStore):
+    """One thread that appends events with group commit.
+
+    ``await writer.append(event)`` returns the stored event once it is
+    committed: ``event`` itself, or its :func:`stand_in` if ``event`` was bad
+    (see the module docstring). Events queued while a commit is in flight go
+    into the next transaction together, so throughput grows with load instead
+    of collapsing. A bad event is found by splitting the failed batch in
+    halves (a few extra transactions per bad event, none for good batches).
+
+    Raises :class:`LogUnavailable` (database failure, after retries) or
+    :class:`EventRejected` (this event and its stand-in both refused).
+    """
+
+    def __init__(self, log: SessionLog, *, max_batch: int = 512):
+        super().__init__(log)
+        self.max_batch = max_batch
+        self._q: queue.SimpleQueue[tuple[Event, asyncio.Future[Event], asyncio.AbstractEventLoop] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._loop, name="flywheel-event-writer", daemon=True)
+        self._thread.start()
+
+    async def append(self, event: Event) -> Event:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Event] = loop.create_future()
+        self._q.put((event, fut, loop))
+        return await fut
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < self.max_batch:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            try:
+                results = self._store([e for e, _, _ in batch])
+            except BaseException as exc:  # a bug here must not leave a waiter hanging
+                results = [exc] * len(batch)
+            for (_, fut, loop), result in zip(batch, results, strict=True):
+                loop.call_soon_threadsafe(_settle, fut, result)
+            if stop:
+                return
 
 
 def _settle(fut: asyncio.Future[Event], result: Event | BaseException) -> None:

@@ -46,6 +46,14 @@ class SessionRow(Base):
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     parent_id: Mapped[str | None] = mapped_column(String(32), ForeignKey("sessions.id"), nullable=True)
     branch_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # RL rollouts (migration 0002): kind "rl" with the rollout's tags; all NULL for kind "user"
+    kind: Mapped[str] = mapped_column(String(8), default="user", server_default="user")  # "user" | "rl"
+    rl_run: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    rl_iteration: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rl_task: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    rl_sample: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    rl_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
+    rl_status: Mapped[str | None] = mapped_column(String(16), nullable=True)  # rl.types.RolloutStatus
 
 
 class EventRow(Base):
@@ -69,4 +77,29 @@ class SnapshotRow(Base):
     created_at: Mapped[datetime] = mapped_column()
 
 
+class RlRunRow(Base):
+    """One RL run (training or evaluation): its validated config and where it stands."""
+
+    __tablename__ = "rl_runs"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column()
+    config: Mapped[dict] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16))  # running | finished | failed
+    notes: Mapped[str] = mapped_column(Text, default="")
+
+
+class RlIterationRow(Base):
+    """One iteration's metrics (``rl.train.metrics``) of one run."""
+
+    __tablename__ = "rl_iterations"
+
+    run_id: Mapped[str] = mapped_column(String(64), ForeignKey("rl_runs.id"), primary_key=True)
+    iteration: Mapped[int] = mapped_column(Integer, primary_key=True)
+    metrics: Mapped[dict] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column()
+
+
 Index("ix_events_session_type", EventRow.session_id, EventRow.type)
+Index("ix_sessions_kind_created", SessionRow.kind, SessionRow.created_at)
+Index("ix_sessions_rl_rollout", SessionRow.rl_run, SessionRow.rl_iteration, SessionRow.rl_task, SessionRow.rl_sample)
