@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["COMMANDS", "add_parser"]
+__all__ = ["COMMANDS", "add_parser", "open_rollout_log"]
 
 
 def _add_tasks(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +29,11 @@ def _add_tasks(sub: argparse._SubParsersAction) -> None:
         "drop and count the ones that do not, and write the rest to --out atomically.",
     )
     b.add_argument("--families", default="fix_bug,rename,find_change,implement_stub",
-                   help="comma-separated families (default: all four)")
+                   help="comma-separated families (default: the four procedural ones; 'realcode' takes --sdists)")
+    b.add_argument("--sdists", default="",
+                   help="realcode: comma-separated NAME==VERSION[@sha256:HEX] sdists that ship their tests")
+    b.add_argument("--cache-dir", type=Path, default=None,
+                   help="realcode: where downloaded sdists are cached (default DATA_DIR/sdists)")
     b.add_argument("--n-train", type=int, default=32, help="training tasks to generate (default 32)")
     b.add_argument("--n-heldout", type=int, default=16, help="held-out tasks to generate (default 16)")
     b.add_argument("--seed", type=int, default=0, help="task-set seed (default 0)")
@@ -44,16 +48,21 @@ def _cmd_tasks_build(args: argparse.Namespace) -> int:
 
     from backend.settings import LocalSettings, SettingsError, load_settings
     from rl.tasks.build import build_task_set, plan
-    from tools.sandbox import SandboxUnavailable, make_sandbox
+    from rl.tasks.grading import grader_sandbox
+    from rl.tasks.realcode import REALCODE
+    from tools.sandbox import SandboxUnavailable
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     if args.n_train < 0 or args.n_heldout < 0:
         print("flywheel rl tasks build: --n-train and --n-heldout must be >= 0", file=sys.stderr)
         return 2
     try:
-        total = len(plan(families, args.n_train, args.n_heldout, args.seed))
+        sdists = [s.strip() for s in args.sdists.split(",") if s.strip()]
+        total = len(plan(families, args.n_train, args.n_heldout, args.seed, sdists=sdists))
         local = load_settings(LocalSettings, unsafe_no_sandbox=args.unsafe_no_sandbox or None)
-        sandbox = make_sandbox(allow_unsandboxed=local.unsafe_no_sandbox)
+        # realcode graders run the project's pytest: the sandbox must see this interpreter (read-only)
+        sandbox = grader_sandbox(project=REALCODE in families, allow_unsandboxed=local.unsafe_no_sandbox)
+        cache_dir = args.cache_dir or local.data_dir / "sdists"
     except (ValueError, SettingsError, SandboxUnavailable) as exc:
         print(f"flywheel rl tasks build: {exc}", file=sys.stderr)
         return 2
@@ -64,7 +73,8 @@ def _cmd_tasks_build(args: argparse.Namespace) -> int:
 
     try:
         summary = asyncio.run(build_task_set(families, args.n_train, args.n_heldout, args.seed, args.out,
-                                             sandbox=sandbox, progress=progress))
+                                             sandbox=sandbox, progress=progress, sdists=sdists,
+                                             cache_dir=cache_dir))
     finally:
         bar.close()
     written = sum(summary.written.values())
@@ -76,11 +86,31 @@ def _cmd_tasks_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def open_rollout_log() -> object:
+    """The RolloutLog ``rl train``/``rl eval`` persist every rollout through: the production
+    session log (``backend/rl_log.py``'s ``open_rollout_log()``) when this version has it,
+    else ``rl.rollout.log.MemoryRolloutLog`` with a warning that rollouts are not kept."""
+    try:
+        from backend import rl_log
+    except ModuleNotFoundError as exc:
+        if exc.name != "backend.rl_log":
+            raise
+        rl_log = None
+    opener = getattr(rl_log, "open_rollout_log", None)
+    if opener is not None:
+        return opener()
+    from rl.rollout.log import MemoryRolloutLog
+
+    print("flywheel rl: this version has no session log for rollouts (backend.rl_log.open_rollout_log): "
+          "rollouts are kept in memory only", file=sys.stderr)
+    return MemoryRolloutLog()
+
+
 def _add_training(sub: argparse._SubParsersAction) -> None:
     """``rl sft``, ``rl train``, ``rl eval`` (rl/train/cli.py: argparse only at import)."""
     from rl.train.cli import add_commands
 
-    add_commands(sub)
+    add_commands(sub, make_log=open_rollout_log)
 
 
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_tasks, _add_training]

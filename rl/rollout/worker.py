@@ -18,8 +18,12 @@ Each rollout ends with an explicit :class:`rl.types.RolloutStatus`:
   actor, an internal error in the loop): excluded from the loss and counted.
 
 Rollouts come back with their events (JSON) for the driver to persist
-(:func:`rl.rollout.log.persist`). Grading is the task's business and not done
-here. Not guaranteed: a bound on the worker's memory (each live rollout holds
+(:func:`rl.rollout.log.persist`). Grading is the task's business: a task with
+an async ``grade(workspace, sandbox) -> (GradeResult, changed)`` method (the
+driver's :class:`rl.rollout.taskenv.TaskEnv`) is graded here, on the final
+workspace before its fork is deleted (on a cluster that workspace exists only
+on the worker's node); ``Rollout.grade`` and ``metrics["changed"]`` /
+``metrics["grading_s"]`` record it. Rewards are the driver's. Not guaranteed: a bound on the worker's memory (each live rollout holds
 its events and token sequence), or ordering between rollouts.
 """
 
@@ -132,7 +136,9 @@ class RolloutRunner:
         from agent.runtime import SessionParts, build_session
         from agent.session import Limits
 
-        session_id = f"rl-{job.run_id}-{job.iteration}-{job.task.task_id}-{job.sample}-{uuid.uuid4().hex[:6]}"
+        # 32 characters, like every session id of the log (sessions.id is VARCHAR(32)); the
+        # run, iteration, task and sample are tags on the session (backend/rl_log.py)
+        session_id = "rl" + uuid.uuid4().hex[:30]
         rollout = Rollout(job.run_id, job.iteration, job.task.task_id, job.sample, RolloutStatus.INFRA_ERROR,
                           session_id=session_id)
         t0 = time.perf_counter()
@@ -142,6 +148,7 @@ class RolloutRunner:
         except Exception as exc:  # the workspace is ours: an infrastructure error, never a silent zero
             rollout.detail = f"workspace fork failed: {type(exc).__name__}: {exc}"
             return rollout
+        rollout.base_snapshot, rollout.blob_root = fork.base.to_json().decode(), str(self.store.blobs.root)
         timed = _Timed(self.completer)
         policy = TokenInTokenOutPolicy(
             timed, self.tokenizer, prompt_profile=self.profile, max_tokens=self.config.max_tokens,
@@ -167,7 +174,12 @@ class RolloutRunner:
         except Exception as exc:
             rollout.status, rollout.detail = RolloutStatus.INFRA_ERROR, f"{type(exc).__name__}: {exc}"
         finally:
-            fork.delete()
+            graded: tuple[Any, bool, float] | None = None
+            try:  # grading needs the final workspace, which lives here: before the fork is deleted
+                if rollout.status is not RolloutStatus.INFRA_ERROR and hasattr(job.task, "grade"):
+                    graded = await _grade(job.task, fork, self.sandbox)
+            finally:
+                fork.delete()
         rollout.segments = [Segment(s.token_ids, s.sampled, s.logprobs, s.routes) for s in policy.routed_segments()]
         rollout.weights_version = min(policy.weights_versions, default=0)
         rollout.events = [e.model_dump(mode="json") for e in sink.events]
@@ -186,7 +198,24 @@ class RolloutRunner:
             "tools_s": sum(r.duration_ms or 0.0 for r in sink.of_type(ToolResultEvent)) / 1000,
             "marker_fixups": float(policy.marker_fixups),
         }
+        if graded is not None:
+            rollout.grade = graded[0]
+            rollout.metrics |= {"changed": float(graded[1]), "grading_s": graded[2],
+                                "wall_s": rollout.metrics["wall_s"] - graded[2]}
         return rollout
+
+
+async def _grade(task: Any, fork: Workspace, sandbox: Any) -> tuple[Any, bool, float]:
+    """``task.grade(fork, sandbox)`` -> (GradeResult, changed); a task whose grader itself
+    crashes gets an ``error`` grade (an infrastructure error the driver excludes), never a fail."""
+    from rl.types import GradeResult
+
+    t0 = time.perf_counter()
+    try:
+        result, changed = await task.grade(fork, sandbox)
+    except Exception as exc:  # noqa: BLE001 - ours, not the rollout's
+        result, changed = GradeResult(False, "", 0.0, error=f"grading failed: {type(exc).__name__}: {exc}"), False
+    return result, bool(changed), time.perf_counter() - t0
 
 
 def _infra(errors: list[Any]) -> bool:

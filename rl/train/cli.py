@@ -10,8 +10,11 @@ import time, the handlers import torch and the rest.
 * ``rl train`` — the GRPO loop (:mod:`rl.train.loop`) over ``rl.rollout``'s Ray source.
 * ``rl eval`` — pass@1/pass@k over a split through the same rollout source.
 
-``rl train`` and ``rl eval`` need the Ray rollout driver (``rl.rollout.driver``); until it
-exists they exit with status 2 and say so (never a silent no-op).
+``rl train`` and ``rl eval`` run :mod:`rl.rollout.driver`. Every rollout is persisted
+through the :class:`rl.rollout.log.RolloutLog` that ``make_log`` (given by the entry point,
+``backend/rl_cli.py``: rl/ may not import backend/) opens. Bad input (a config with unknown
+keys, a task file with a bad field, a checkpoint of another architecture) exits 2 with a
+message naming it.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ import json
 import random
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["add_commands"]
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction, *, make_log: Callable[[], Any] | None = None) -> None:
+    """Add ``sft``/``train``/``eval``; ``make_log()`` opens the RolloutLog train/eval persist to
+    (None: an in-memory log, with a warning that rollouts are not kept)."""
     s = sub.add_parser("sft", help="SFT warm start on scripted demonstrations of the training tasks")
     s.add_argument("--tasks", type=Path, required=True, help="task set (JSONL from `flywheel rl tasks build`)")
     s.add_argument("--init", type=Path, required=True, help="checkpoint to start from (e.g. `flywheel model train`)")
@@ -38,7 +44,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("train", help="GRPO training from a run config")
     t.add_argument("--config", type=Path, required=True, help="run config (YAML, TOML or JSON)")
     t.add_argument("--no-resume", action="store_true", help="start afresh even if OUT has a checkpoint")
-    t.set_defaults(func=_cmd_train)
+    t.set_defaults(func=_cmd_train, make_log=make_log)
     e = sub.add_parser("eval", help="pass@1 / pass@k of a checkpoint or an OpenAI-compatible model on a split")
     e.add_argument("checkpoint", nargs="?", type=Path, help="checkpoint directory (or use --policy openai)")
     e.add_argument("--policy", choices=["local", "openai"], default="local")
@@ -46,8 +52,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--model")
     e.add_argument("--tasks", type=Path, required=True)
     e.add_argument("--split", choices=["train", "heldout"], default="heldout")
-    e.add_argument("-k", type=int, default=4, help="samples per task (pass@k)")
-    e.set_defaults(func=_cmd_eval)
+    e.add_argument("-k", "--k", type=int, default=4, help="samples per task (pass@k)")
+    e.add_argument("--api", choices=["chat", "completions"], default="chat",
+                   help="--policy openai: chat (any server) or completions (the runtime's own rendered text)")
+    e.add_argument("--temperature", type=float, default=1.0)
+    e.add_argument("--max-tokens", type=int, default=256, help="per model call")
+    e.add_argument("--seed", type=int, default=0)
+    e.set_defaults(func=_cmd_eval, make_log=make_log)
 
 
 def _fail(cmd: str, msg: str) -> int:
@@ -131,26 +142,39 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rollout_driver() -> Any:
-    try:
-        from rl.rollout import driver  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return driver
+def _open_log(args: argparse.Namespace, cmd: str) -> Any:
+    make_log = getattr(args, "make_log", None)
+    if make_log is not None:
+        return make_log()
+    from rl.rollout.log import MemoryRolloutLog
+
+    print(f"flywheel rl {cmd}: no session log configured: rollouts are kept in memory only", file=sys.stderr)
+    return MemoryRolloutLog()
+
+
+def _bad_input() -> tuple[type[Exception], ...]:
+    """What a user can fix: each names the file, key or checkpoint that is wrong."""
+    from agent.model.checkpoint import CheckpointError
+    from rl.config import ConfigError
+    from rl.rollout.driver import DriverError
+    from rl.tasks.spec import TaskFileError
+    from rl.tasks.workspaces import TaskSourceError
+
+    return (ConfigError, TaskFileError, TaskSourceError, DriverError, CheckpointError, FileNotFoundError)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from rl.config import ConfigError, load_run_config
+    from rl.rollout import driver
 
     try:
         cfg = load_run_config(args.config)
     except ConfigError as exc:
         return _fail("train", str(exc))
-    driver = _rollout_driver()
-    if driver is None:
-        return _fail("train", "the Ray rollout driver (rl.rollout.driver) is not available yet in this version; "
-                              "the trainer (rl.train.loop.run_loop) runs with any RolloutSource")
-    return int(driver.run_training(cfg, resume=not args.no_resume))
+    try:
+        return driver.run_training(cfg, resume=not args.no_resume, log=_open_log(args, "train"))
+    except _bad_input() as exc:
+        return _fail("train", str(exc))
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -158,7 +182,11 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _fail("eval", "give a CHECKPOINT directory, or --policy openai --base-url URL --model M")
     if args.policy == "openai" and not (args.base_url and args.model):
         return _fail("eval", "--policy openai needs --base-url and --model")
-    driver = _rollout_driver()
-    if driver is None:
-        return _fail("eval", "the Ray rollout driver (rl.rollout.driver) is not available yet in this version")
-    return int(driver.run_eval(args))
+    if args.k < 1:
+        return _fail("eval", f"-k must be >= 1, got {args.k}")
+    from rl.rollout import driver
+
+    try:
+        return driver.run_eval(args, log=_open_log(args, "eval"))
+    except _bad_input() as exc:
+        return _fail("eval", str(exc))

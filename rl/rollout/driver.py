@@ -1,0 +1,337 @@
+"""The RL driver: ``flywheel rl train --config FILE`` and ``flywheel rl eval`` end to end.
+
+One iteration of :func:`train` (the loop itself is :func:`rl.train.loop.run_loop`):
+
+1. the loop picks the iteration's tasks (exact-resume task order) and asks
+   :class:`RaySource` for ``G`` rollouts of each;
+2. the source sends one :class:`rl.rollout.worker.RolloutJob` per sample to the
+   rollout workers (Ray actors; each rollout is an ``agent.runtime.build_session``
+   session with the production tools, the bwrap sandbox and the checkpoint's
+   prompt profile) sampling from ONE inference actor (continuous batching,
+   prefix cache);
+3. each rollout is graded on the worker, on a fresh fork of its final workspace
+   with the task's tests restored (:meth:`TaskEnv.grade` →
+   :func:`rl.tasks.grading.grade`); here it is scored (:func:`score`:
+   :func:`rl.reward.reward` and :func:`rl.behaviour.behaviour` into
+   ``Rollout.metrics``) and persisted through the :class:`RolloutLog`;
+4. infrastructure errors — and grades the reward refuses (:class:`UngradedError`)
+   — become ``INFRA_ERROR``: excluded from the loss, counted (``status_infra_error``,
+   ``n_infra_excluded``, ``ungraded`` in the metrics), never a silent zero;
+5. the GRPO update (:mod:`rl.train.grpo`), new weights to the inference actor
+   with the next version number (each rollout records the version that sampled
+   it; the loop refuses stale ones), metrics JSONL + PNG, a checkpoint.
+
+:func:`evaluate` is pass@1 / pass@k on a split: a checkpoint through the same
+Ray workers, or an OpenAI-compatible model (:class:`agent.policies.openai_compat.
+OpenAICompatPolicy`) through the same runtime in this process (``build_session``,
+same tools, sandbox, grader and reward), so users can compare their models.
+
+Not guaranteed: on a cluster (``rollout.address``) every node needs bubblewrap,
+the checkpoint and the task set's sources at the same paths; a rollout in flight
+when the driver is killed is lost (its iteration is redone on resume).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rl.rollout.log import MemoryRolloutLog, RolloutLog, persist
+from rl.rollout.taskenv import TaskEnv
+from rl.types import Rollout, RolloutStatus, Split
+
+if TYPE_CHECKING:
+    from rl.config import RunConfig
+    from rl.tasks.spec import Task
+    from rl.train.loop import LoopResult
+
+__all__ = ["DriverError", "EvalResult", "RaySource", "TaskEnv", "evaluate", "load_split", "pass_at_k",
+           "run_eval", "run_training", "score", "train"]
+
+
+class DriverError(ValueError):
+    """A run that cannot start (no task set, no checkpoint, a profile mismatch); the message says what to fix."""
+
+
+def score(rollout: Rollout) -> None:
+    """Reward and behaviour metrics of one returned rollout, in place (see the module docstring)."""
+    from agent.events import EVENT_ADAPTER
+    from rl.behaviour import behaviour
+    from rl.reward import UngradedError, reward
+
+    if rollout.status is RolloutStatus.INFRA_ERROR:
+        return
+    if rollout.grade is None:
+        rollout.status, rollout.detail = RolloutStatus.INFRA_ERROR, "not graded (the task has no grader)"
+        return
+    events = [EVENT_ADAPTER.validate_json(json.dumps(e)) for e in rollout.events]
+    rollout.metrics |= behaviour(events).metrics()
+    try:
+        rollout.reward, rollout.reward_terms = reward(events, rollout.grade,
+                                                      changed=bool(rollout.metrics.get("changed")))
+    except UngradedError as exc:
+        rollout.status, rollout.detail = RolloutStatus.INFRA_ERROR, str(exc)
+        rollout.metrics["ungraded"] = 1.0
+
+
+def load_split(path: Path | None, split: Split | None) -> list[Task]:
+    """The task set's tasks of ``split`` (all with None); :class:`DriverError` when there are none."""
+    from rl.tasks.spec import load_tasks
+
+    if path is None:
+        raise DriverError("no task set: set `tasks:` in the run config (a file from `flywheel rl tasks build`)")
+    tasks = [t for t in load_tasks(path) if split is None or t.split is split]
+    if not tasks:
+        raise DriverError(f"{path} has no {split.value if split else ''} tasks".replace("  ", " "))
+    return tasks
+
+
+class RaySource:
+    """The production :class:`rl.train.loop.RolloutSource`: one inference actor, ``workers``
+    rollout workers, scoring and persistence here. ``close()`` kills the actors."""
+
+    def __init__(self, checkpoint: Path, tasks: Sequence[Task], *, run_id: str, store_root: Path, log: RolloutLog,
+                 limits: Any, workers: int = 1, max_tokens: int = 256, temperature: float = 1.0,
+                 seed: int = 0, inference_cpus: float = 1.0, worker_cpus: float = 0.5,
+                 on_rollout: Callable[[Rollout], None] | None = None) -> None:
+        from rl.rollout.inference import start_inference
+        from rl.rollout.worker import WorkerConfig, start_workers
+
+        self.envs = {t.id: TaskEnv(t) for t in tasks}
+        self.run_id, self.log, self.seed, self.on_rollout = run_id, log, seed, on_rollout
+        self.inference = start_inference(checkpoint, num_cpus=inference_cpus, max_slots=32, threads=1)
+        config = WorkerConfig(store_root=str(store_root), limits=limits, max_tokens=max_tokens,
+                              temperature=temperature)
+        self.workers = start_workers(workers, config, self.inference, num_cpus=worker_cpus)
+        self.last_timings: dict[str, float] = {}
+        self.version = 0
+
+    def publish(self, state_dict: dict[str, Any], version: int) -> None:
+        import ray
+
+        ray.get(self.inference.load_weights.remote(state_dict, version))
+        self.version = version
+
+    def collect(self, task_ids: Sequence[str], *, iteration: int, group_size: int) -> list[Rollout]:
+        from rl.rollout.worker import RolloutJob, run_rollouts
+
+        unknown = [t for t in task_ids if t not in self.envs]
+        if unknown:
+            raise DriverError(f"tasks {unknown[:3]} are not in this run's task set")
+        jobs = [RolloutJob(self.envs[t], self.run_id, iteration, g,
+                           seed=(self.seed * 1_000_003 + iteration * 10_007 + i * 101 + g) % 2**31)
+                for i, t in enumerate(task_ids) for g in range(group_size)]
+        rollouts = asyncio.run(run_rollouts(self.workers, jobs))
+        for r in rollouts:
+            score(r)
+            persist(self.log, r, r.events)
+            if self.on_rollout is not None:
+                self.on_rollout(r)
+        self.last_timings = {k: sum(float(r.metrics.get(f"{k}_s", 0.0)) for r in rollouts)
+                             for k in ("generation", "tools", "grading")}
+        self.last_timings["ungraded"] = float(sum(r.metrics.get("ungraded", 0.0) for r in rollouts))
+        return rollouts
+
+    def close(self) -> None:
+        import ray
+
+        for actor in (*self.workers, self.inference):
+            ray.kill(actor)
+
+
+def _checkpoint_and_profile(cfg: RunConfig) -> tuple[Any, Any, Any]:
+    from agent.model.checkpoint import load_checkpoint, load_profile
+    from agent.model.config import ModelConfig
+    from rl.train.checkpoints import check_architecture
+
+    init = cfg.model.init
+    if init is None:
+        raise DriverError("model.init: a checkpoint to start from is required (the output of `flywheel rl sft` "
+                          "or `flywheel model train`): the sampler serves that checkpoint and its prompt profile")
+    model, tok = load_checkpoint(init, precision=cfg.model.precision)
+    want = ModelConfig.preset(cfg.model.preset, vocab_size=model.cfg.vocab_size, max_seq_len=model.cfg.max_seq_len)
+    check_architecture(want, model.cfg, where=str(init))
+    profile = load_profile(init)
+    if cfg.model.prompt_profile is not None and cfg.model.prompt_profile != profile.name:
+        raise DriverError(f"model.prompt_profile is {cfg.model.prompt_profile!r} but {init} is served with "
+                          f"{profile.name!r}: RL must render the prompt serving renders; drop the key or "
+                          "use a checkpoint saved with that profile")
+    return model, tok, profile
+
+
+def _limits(cfg: Any) -> Any:
+    from agent.session import Limits
+
+    return Limits(max_steps=cfg.max_model_calls, max_output_tokens=cfg.max_output_tokens, max_wall_s=cfg.max_wall_s)
+
+
+def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | None = None, stop_after: int | None = None,
+          progress: Callable[[dict[str, Any]], None] | None = None,
+          on_rollout: Callable[[Rollout], None] | None = None) -> LoopResult:
+    """Run (or resume) the GRPO run ``cfg`` on Ray; see the module docstring. Joins
+    ``cfg.rollout.address`` or starts a local Ray (shut down again if this call started it)."""
+    import ray
+
+    from rl.rollout.cluster import init_ray
+    from rl.train.loop import run_loop
+
+    tasks = load_split(cfg.tasks, Split.TRAIN)
+    model, tok, profile = _checkpoint_and_profile(cfg)
+    started = not ray.is_initialized()
+    init_ray(cfg.rollout.address)
+    source = RaySource(Path(cfg.model.init or ""), tasks, run_id=cfg.name, store_root=Path(cfg.out_dir) / "workspaces",
+                       log=log or MemoryRolloutLog(), limits=_limits(cfg.limits), workers=cfg.rollout.workers,
+                       max_tokens=cfg.rollout.max_tokens_per_call, temperature=cfg.rollout.temperature,
+                       seed=cfg.seed, on_rollout=on_rollout)
+    try:
+        return run_loop(cfg, model=model, tokenizer=tok, profile=profile, task_ids=[t.id for t in tasks],
+                        source=source, resume=resume, stop_after=stop_after, progress=progress)
+    finally:
+        source.close()
+        if started:
+            ray.shutdown()
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator (Chen et al. 2021) from ``n`` samples with ``c`` correct."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+@dataclass
+class EvalResult:
+    split: str
+    k: int
+    tasks: int
+    pass_at_1: float
+    pass_at_k: float
+    infra_errors: int  # rollouts excluded (and tasks left with fewer than k scored samples: `tasks_short`)
+    tasks_short: int
+    per_task: dict[str, dict[str, float]] = field(default_factory=dict)
+    behaviour: dict[str, float] = field(default_factory=dict)  # rl.train.metrics.rollout_metrics
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def summarise(rollouts: Sequence[Rollout], k: int, split: str) -> EvalResult:
+    """pass@1 / pass@k over tasks (INFRA_ERROR samples excluded and counted; a task left with
+    fewer than ``k`` scored samples is estimated from what it has and counted in ``tasks_short``)."""
+    from rl.train.metrics import rollout_metrics
+
+    by_task: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        by_task.setdefault(r.task_id, []).append(r)
+    per_task: dict[str, dict[str, float]] = {}
+    short = 0
+    for task_id, rs in sorted(by_task.items()):
+        scored = [r for r in rs if r.status is not RolloutStatus.INFRA_ERROR]
+        c = sum(bool(r.reward_terms.get("success")) for r in scored)
+        short += len(scored) < k
+        n = len(scored)
+        per_task[task_id] = {"n": float(n), "correct": float(c),
+                             "pass@1": pass_at_k(n, c, 1) if n else 0.0, f"pass@{k}": pass_at_k(n, c, min(k, n)) if n else 0.0}
+    p1 = sum(t["pass@1"] for t in per_task.values()) / max(1, len(per_task))
+    pk = sum(t[f"pass@{k}"] for t in per_task.values()) / max(1, len(per_task))
+    return EvalResult(split, k, len(per_task), p1, pk,
+                      sum(r.status is RolloutStatus.INFRA_ERROR for r in rollouts), short, per_task,
+                      rollout_metrics(rollouts))
+
+
+def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, openai: Any = None,
+             log: RolloutLog | None = None, limits: Any = None, temperature: float = 1.0, max_tokens: int = 256,
+             store_root: Path, seed: int = 0, run_id: str = "eval",
+             on_rollout: Callable[[Rollout], None] | None = None) -> EvalResult:
+    """pass@1/pass@k of ``checkpoint`` (Ray workers) or ``openai`` (an ``OpenAIConfig``; in process)."""
+    from rl.config import LimitsConfig
+
+    if (checkpoint is None) == (openai is None):
+        raise DriverError("evaluate: give exactly one of a checkpoint or an OpenAI-compatible model")
+    lim = limits or _limits(LimitsConfig())
+    log = log or MemoryRolloutLog()
+    split = tasks[0].split.value if tasks else "none"
+    if openai is not None:
+        from rl.rollout.policy_eval import run_policy_rollouts
+
+        rollouts = asyncio.run(run_policy_rollouts(tasks, k, openai, limits=lim, store_root=store_root,
+                                                   run_id=run_id))
+        for r in rollouts:
+            score(r)
+            persist(log, r, r.events)
+            if on_rollout is not None:
+                on_rollout(r)
+        return summarise(rollouts, k, split)
+    import ray
+
+    from rl.rollout.cluster import init_ray
+
+    started = not ray.is_initialized()
+    init_ray()
+    source = RaySource(checkpoint, tasks, run_id=run_id, store_root=store_root, log=log, limits=lim,  # type: ignore[arg-type]
+                       max_tokens=max_tokens, temperature=temperature, seed=seed, on_rollout=on_rollout)
+    try:
+        rollouts = source.collect([t.id for t in tasks], iteration=0, group_size=k)
+    finally:
+        source.close()
+        if started:
+            ray.shutdown()
+    return summarise(rollouts, k, split)
+
+
+def run_training(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | None = None) -> int:
+    """``flywheel rl train``: :func:`train` with a progress bar and a summary; exit status."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=cfg.iterations, desc=f"rl train {cfg.name}", unit="iter", file=sys.stderr)
+
+    def progress(rec: dict[str, Any]) -> None:
+        bar.n = int(rec["iteration"])
+        bar.set_postfix(reward=f"{rec.get('mean_reward', float('nan')):.3f}",
+                        success=f"{rec.get('success_rate', float('nan')):.2f}", v=rec["weights_version"])
+        bar.refresh()
+
+    try:
+        res = train(cfg, resume=resume, log=log, progress=progress)
+    finally:
+        bar.close()
+    last = res.records[-1] if res.records else {}
+    summary = {"run": cfg.name, "iterations_done": res.iterations_done, "weights_version": res.weights_version,
+               "out_dir": str(res.out_dir), "metrics": str(res.out_dir / "metrics.jsonl"),
+               "last": {k: last[k] for k in ("success_rate", "mean_reward", "loss", "grad_norm",
+                                             "status_infra_error", "n_groups_zero_std") if k in last}}
+    print(f"trained {res.iterations_done}/{cfg.iterations} iterations; weights version {res.weights_version}; "
+          f"checkpoints in {res.out_dir / 'checkpoints'}", file=sys.stderr)
+    print(json.dumps(summary))
+    return 0
+
+
+def run_eval(args: Any, *, log: RolloutLog | None = None) -> int:
+    """``flywheel rl eval`` (``args`` from :func:`rl.train.cli.add_commands`); prints the result JSON."""
+    import tempfile
+
+    from rl.config import LimitsConfig
+
+    tasks = load_split(args.tasks, Split(args.split))
+    openai = None
+    if args.policy == "openai":
+        from agent.policies.openai_compat import OpenAIConfig
+
+        openai = OpenAIConfig(base_url=args.base_url, model=args.model, temperature=args.temperature,
+                              max_tokens=args.max_tokens, api=args.api)
+    with tempfile.TemporaryDirectory(prefix="flywheel-eval-") as tmp:
+        res = evaluate(tasks, k=args.k, checkpoint=args.checkpoint if openai is None else None, openai=openai,
+                       log=log, limits=_limits(LimitsConfig()), temperature=args.temperature,
+                       max_tokens=args.max_tokens, store_root=Path(tmp), seed=args.seed)
+    print(f"{res.split}: {res.tasks} tasks, k={res.k}: pass@1 {res.pass_at_1:.3f}, pass@{res.k} "
+          f"{res.pass_at_k:.3f} ({res.infra_errors} infrastructure errors excluded)", file=sys.stderr)
+    print(json.dumps(res.to_json()))
+    return 0
