@@ -63,7 +63,7 @@ async def _one(env: Any, base: Any, sample: int, openai: Any, limits: Any, sandb
     from agent.policies.openai_compat import OpenAICompatPolicy
     from agent.runtime import SessionParts, build_session
 
-    session_id = f"rl-{run_id}-0-{env.task_id}-{sample}-{uuid.uuid4().hex[:6]}"
+    session_id = "rl" + uuid.uuid4().hex[:30]  # 32 characters, as rl.rollout.worker's (the log's column)
     rollout = Rollout(run_id, 0, env.task_id, sample, RolloutStatus.INFRA_ERROR, session_id=session_id)
     t0 = time.perf_counter()
     try:

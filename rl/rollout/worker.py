@@ -23,8 +23,10 @@ an async ``grade(workspace, sandbox) -> (GradeResult, changed)`` method (the
 driver's :class:`rl.rollout.taskenv.TaskEnv`) is graded here, on the final
 workspace before its fork is deleted (on a cluster that workspace exists only
 on the worker's node); ``Rollout.grade`` and ``metrics["changed"]`` /
-``metrics["grading_s"]`` record it. Rewards are the driver's. Not guaranteed: a bound on the worker's memory (each live rollout holds
-its events and token sequence), or ordering between rollouts.
+``metrics["grading_s"]`` record it. Rewards are the driver's.
+
+Not guaranteed: a bound on the worker's memory (each live rollout holds its
+events and token sequence), or ordering between rollouts.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from rl.config import validate_run_config
 from rl.rollout.driver import train
 from rl.rollout.log import MemoryRolloutLog
 from rl.tasks.build import build_task_set
+from rl.tasks.spec import load_tasks
 from rl.train.checkpoints import latest_checkpoint
 from rl.train.cli import _cmd_sft
 from rl.types import Rollout, RolloutStatus
@@ -100,3 +101,19 @@ def test_smoke_rl_run_records_rollouts_and_updates_weights(ray_session, sft_chec
     assert max(diffs) > 0
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 2
     assert (tmp_path / "run" / "curves.png").stat().st_size > 0
+
+
+def test_smoke_eval_of_a_checkpoint_on_the_heldout_split(ray_session, sft_checkpoint: tuple[Path, Path],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from backend.cli import main
+
+    tasks, sft = sft_checkpoint
+    rc = main(["rl", "eval", str(sft), "--tasks", str(tasks), "--split", "heldout", "-k", "2",
+               "--max-tokens", "48"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    res = json.loads(out.out.strip().splitlines()[-1])
+    assert res["split"] == "heldout" and res["tasks"] == 2 and res["k"] == 2
+    assert 0.0 <= res["pass_at_1"] <= res["pass_at_k"] <= 1.0
+    assert res["behaviour"]["rollouts"] == 4.0
+    assert set(res["per_task"]) == {t.id for t in load_tasks(tasks) if t.split.value == "heldout"}

@@ -1,0 +1,130 @@
+"""The RL driver: scoring, pass@k, `flywheel rl eval --policy openai` end to end against a
+real loopback OpenAI-compatible server, and the bad inputs `rl train` must name."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.model.checkpoint import save_checkpoint
+from agent.model.config import ModelConfig
+from agent.model.transformer import MoETransformer
+from agent.parser import encode_call
+from agent.prompt import COMPACT_PROFILE
+from backend.cli import main
+from rl.rollout.driver import pass_at_k, score, summarise
+from rl.tasks.build import build_task_set
+from rl.tasks.spec import load_tasks
+from rl.train.demos import demo_task_from_patch
+from rl.types import GradeResult, Rollout, RolloutStatus, Split
+from tests.agent.model.test_engine import tiny_tokenizer
+from tests.openai_server import ScriptedChatServer
+from tools.sandbox import make_sandbox
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tasks") / "tasks.jsonl"
+    asyncio.run(build_task_set(["fix_bug"], 1, 1, 0, out, sandbox=make_sandbox()))
+    return out
+
+
+def _rollout(grade: GradeResult | None, status: RolloutStatus = RolloutStatus.FINISHED,
+             events: list[dict[str, object]] | None = None) -> Rollout:
+    return Rollout("r", 0, "t", 0, status, grade=grade, events=events or [], metrics={"changed": 1.0})
+
+
+def test_an_infra_error_grade_is_excluded_and_counted_never_a_zero() -> None:
+    r = _rollout(GradeResult(False, "", 0.1, error="grader could not run: sandbox gone"))
+    score(r)
+    assert r.status is RolloutStatus.INFRA_ERROR and r.reward is None and r.metrics["ungraded"] == 1.0
+    assert "sandbox gone" in r.detail
+    ungraded = _rollout(None)
+    score(ungraded)
+    assert ungraded.status is RolloutStatus.INFRA_ERROR and ungraded.reward is None
+
+
+def test_a_grader_timeout_is_scored_as_a_failure() -> None:
+    r = _rollout(GradeResult(False, "", 30.0, error="timed out", timed_out=True))
+    score(r)
+    assert r.status is RolloutStatus.FINISHED and r.reward is not None and r.reward <= 0.0
+
+
+def test_pass_at_k_estimator() -> None:
+    assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 4) == 1.0 and pass_at_k(4, 2, 2) == pytest.approx(1 - (2 * 1) / (4 * 3))
+    with pytest.raises(ValueError, match="at least 5 samples"):
+        pass_at_k(4, 1, 5)
+    rs = [Rollout("r", 0, "a", g, RolloutStatus.FINISHED, reward=1.0 if g == 0 else 0.0,
+                  reward_terms={"success": 1.0 if g == 0 else 0.0}) for g in range(2)]
+    rs.append(Rollout("r", 0, "a", 2, RolloutStatus.INFRA_ERROR))
+    res = summarise(rs, 2, "heldout")
+    assert res.pass_at_1 == pytest.approx(0.5) and res.pass_at_k == 1.0
+    assert res.infra_errors == 1 and res.tasks_short == 0
+
+
+def test_eval_an_openai_compatible_model_through_the_runtime(tasks: Path, capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    task = next(t for t in load_tasks(tasks) if t.split is Split.HELDOUT)
+    demo = demo_task_from_patch(task.id, task.request, task.reference_patch, task.grader.command)
+    fix = "\n".join(encode_call("edit_file", {"path": e.path, "search": e.search, "replace": e.replace})
+                    for e in demo.edits)
+    server = ScriptedChatServer([fix, "Fixed."])
+    with server.running():
+        rc = main(["rl", "eval", "--policy", "openai", "--base-url", server.base_url, "--model", "m",
+                   "--tasks", str(tasks), "--split", "heldout", "-k", "1"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    res = json.loads(out.out.strip().splitlines()[-1])
+    assert res["tasks"] == 1 and res["pass_at_1"] == 1.0 and res["infra_errors"] == 0, res
+    # the model saw the production prompt: the runtime's system prompt and the task's request
+    msgs = server.requests[0]["body"]["messages"]
+    assert msgs[0]["role"] == "system" and task.request in msgs[-1]["content"]
+    # a model that edits nothing scores no pass
+    server = ScriptedChatServer(["I think it is fine."])
+    with server.running():
+        rc = main(["rl", "eval", "--policy", "openai", "--base-url", server.base_url, "--model", "m",
+                   "--tasks", str(tasks), "--split", "heldout", "-k", "1"])
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == 0 and res["pass_at_1"] == 0.0
+
+
+def _config(tmp_path: Path, **over: object) -> Path:
+    cfg = {"name": "t", "out_dir": str(tmp_path / "run"), "iterations": 1} | over
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps(cfg))
+    return p
+
+
+def test_train_names_what_is_missing_or_wrong(tmp_path: Path, tasks: Path, capsys: pytest.CaptureFixture[str]
+                                              ) -> None:
+    assert main(["rl", "train", "--config", str(_config(tmp_path, gruop_size=4))]) == 2
+    assert "unknown key 'gruop_size'" in capsys.readouterr().err
+    assert main(["rl", "train", "--config", str(_config(tmp_path))]) == 2
+    assert "no task set: set `tasks:`" in capsys.readouterr().err
+    assert main(["rl", "train", "--config", str(_config(tmp_path, tasks=str(tasks)))]) == 2
+    assert "model.init: a checkpoint to start from is required" in capsys.readouterr().err
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "tiny", MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size)),
+                           tok, step=0, profile=COMPACT_PROFILE)
+    cfg = _config(tmp_path, tasks=str(tasks), model={"preset": "small", "init": str(ckpt)})
+    assert main(["rl", "train", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "another architecture" in err and "d_model: run 256, checkpoint 64" in err
+    cfg = _config(tmp_path, tasks=str(tasks), model={"preset": "tiny", "init": str(ckpt), "prompt_profile": "default"})
+    assert main(["rl", "train", "--config", str(cfg)]) == 2
+    assert "served with 'compact'" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing half-written
+
+
+def test_eval_refuses_incomplete_arguments(tasks: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rl", "eval", "--tasks", str(tasks)]) == 2
+    assert "give a CHECKPOINT directory" in capsys.readouterr().err
+    assert main(["rl", "eval", "--policy", "openai", "--tasks", str(tasks)]) == 2
+    assert "needs --base-url and --model" in capsys.readouterr().err
