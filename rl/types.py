@@ -81,6 +81,11 @@ class Rollout:
     metrics: dict[str, float] = field(default_factory=dict)  # model_calls, tool_calls, parallel_steps, ...
     detail: str = ""  # why it ended, for limit / error statuses
     events: list[dict[str, Any]] = field(default_factory=list)  # the session's events as JSON (rl.rollout)
+    # the rollout's starting workspace, so replay can restore it: its base snapshot's manifest
+    # (tools.snapshots canonical JSON; "" when no workspace was forked) and the worker's blob
+    # store directory holding that snapshot's file bytes (backend/rl_log.py copies them)
+    base_snapshot: str = ""
+    blob_root: str = ""
 
     @property
     def token_ids(self) -> list[int]:

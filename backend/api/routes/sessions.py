@@ -89,6 +89,8 @@ async def list_sessions(
     status_: Annotated[Literal["idle", "running", "cancelled"] | None, Query(alias="status")] = None,
     since: datetime | None = None,
     until: datetime | None = None,
+    kind: Literal["user", "rl"] | None = None,
+    run: Annotated[str | None, Query(max_length=64, description="an RL run id (kind=rl sessions)")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> list[dict[str, Any]]:
@@ -98,7 +100,7 @@ async def list_sessions(
         owner = user.name
     rows = await asyncio.to_thread(
         state.log.list_sessions, owner=owner, status=status_, since=_naive(since), until=_naive(until),
-        limit=limit, offset=offset,
+        limit=limit, offset=offset, kind=kind, rl_run=run,
     )
     return [r.public() for r in rows]
 
