@@ -6,8 +6,10 @@ docstring removed, index that copy, and query with each docstring's first
 sentence. Target: the function's chunk (function level) and its file (file
 level).
 
-Task set 2, bug localisation: download the sdist of each of ``--bug-packages`` from
-the package index (it must ship its tests), inject one small bug at a time with
+Task set 2, bug localisation: fetch the sdist of each of ``--bug-packages`` from
+the package index (it must ship its tests; cached in ``~/.cache/flywheel/sdists``,
+the same fetch, cache and layout code as RL's real-code tasks in
+``rl/tasks/realcode.py``), inject one small bug at a time with
 ``ast`` (a swapped comparison / arithmetic / boolean operator or an off-by-one
 constant in one function), run the tests, and query with the failing test's
 name and its ``E`` error lines. Target: the mutated function and its file.
@@ -36,12 +38,9 @@ import importlib.metadata as md
 import importlib.util
 import random
 import shutil
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +64,8 @@ from benchmarks._search_eval import (  # noqa: E402
     strip_private,
     summarize,
 )
+from rl.tasks.realcode import SdistPin, find_layout, sdist_layout  # noqa: E402,F401 - find_layout re-exported
+from rl.tasks.workspaces import default_sdist_cache, fetch_sdist, unpack_sdist  # noqa: E402
 
 DEFAULT_PACKAGES = "click,packaging,jinja2"
 DEFAULT_BUG_PACKAGES = "toolz==1.0.0,cachetools==8.0.2,boltons==26.2.0,sqlparse==0.6.1,pyflakes==4.1.0,pycparser==3.12"
@@ -161,37 +162,12 @@ def _overall(per_pkg: dict) -> dict:
     return overall
 
 
-def fetch_sdist(spec: str, dest: Path) -> Path:
-    p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
-                        "--disable-pip-version-check", spec, "-d", str(dest)], capture_output=True, text=True,
-                       timeout=180)
-    archives = [a for a in dest.iterdir() if a.name.endswith((".tar.gz", ".zip", ".tgz"))]
-    if p.returncode != 0 or not archives:
-        raise RuntimeError(f"pip download {spec} failed: {p.stderr[-500:]}")
-    a = archives[0]
-    out = dest / "src"
-    if a.name.endswith(".zip"):
-        zipfile.ZipFile(a).extractall(out)
-    else:
-        with tarfile.open(a) as tf:
-            tf.extractall(out, filter="data")
-    (root,) = list(out.iterdir())
-    return root
-
-
-def find_layout(root: Path, name: str) -> tuple[str, str]:
-    """(package dir, test dir) relative to the sdist root (``more-itertools`` -> ``more_itertools``)."""
-    name = name.replace("-", "_").lower()
-    for cand in (root / name, root / "src" / name):
-        if (cand / "__init__.py").exists():
-            pkg = cand.relative_to(root).as_posix()
-            break
-    else:
-        raise RuntimeError(f"no package {name} in {root}")
-    for cand in ("tests", "test", f"{pkg}/tests", f"{pkg}/test"):
-        if (root / cand).is_dir():
-            return pkg, cand
-    raise RuntimeError(f"the sdist of {name} ships no tests directory")
+def unpacked_sdist(spec: str, dest: Path, cache_dir: Path | None = None) -> Path:
+    """``spec`` (``NAME==VERSION``) unpacked under ``dest``: the archive comes from RL's sdist cache
+    (:func:`rl.tasks.workspaces.fetch_sdist`; downloaded once, never again while cached)."""
+    pin = SdistPin.parse(spec)
+    archive = fetch_sdist(pin.name, pin.version, cache_dir or default_sdist_cache(), sha256=pin.sha256)
+    return unpack_sdist(archive, dest / "src")
 
 
 @contextmanager
@@ -207,15 +183,14 @@ def mutated_targets(spec: str, *, n_mutations: int, seed: int, test_timeout: flo
             root = Path(tmp) / "src" / local_root.name
             shutil.copytree(local_root, root, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
-            root = fetch_sdist(spec, Path(tmp))
+            root = unpacked_sdist(spec, Path(tmp))
         version = spec.split("==")[1] if "==" in spec else root.name.rsplit("-", 1)[-1]
-        pkg, tests = find_layout(root, name)
-        import_dir = Path(pkg).parent.as_posix()
+        layout = sdist_layout(root, name)
+        pkg, tests, import_dir = layout.package_dir, layout.tests_dir, layout.import_dir
         ok, out = run_tests(root, tests, timeout=test_timeout, import_dir=import_dir)
         if not ok:
             raise RuntimeError(f"{spec}: the unmodified test suite fails:\n{out[-1500:]}")
-        src_files = [f for f in py_files(root / pkg) if not f.startswith(("tests/", "test/"))]
-        src_rel = [f"{pkg}/{f}" for f in src_files]
+        src_rel = list(layout.sources)  # outside every test directory, nested ones too
         candidates = enumerate_mutations(root, src_rel, rng)
         targets: list[Target] = []
         tried = survived = 0

@@ -13,6 +13,16 @@ dropped and counted (``dropped`` in the summary, with reasons); the file is
 written to a temporary name and renamed, so an interrupted build leaves
 nothing half-written.
 
+Real-code tasks (family ``realcode``, :mod:`rl.tasks.realcode`): ``--families
+realcode --sdists toolz==1.0.0,...`` (mixable with the procedural families,
+which then take turns with it). The slots the plan gives ``realcode`` are
+filled with mutation bugs drafted from the sdists (cached in ``cache_dir``)
+and validated like every task; their graders use the project interpreter, so
+``sandbox`` must expose it (:func:`rl.tasks.grading.grader_sandbox`
+``(project=True)``), or every such task is dropped naming that. A package
+that cannot be used (download, no tests, a failing unmodified suite) is
+dropped and counted with its reason.
+
 Not guaranteed: a dropped task is not replaced, so a split may hold fewer
 than asked (the summary says how many).
 """
@@ -28,6 +38,7 @@ from pathlib import Path
 
 from rl.tasks.families import FAMILIES, MAX_DIFFICULTY, UNITTEST, generate, patch_between
 from rl.tasks.grading import GraderConfig, grade
+from rl.tasks.realcode import REALCODE, draft_tasks, parse_pins
 from rl.tasks.spec import GeneratedSource, Grader, Task, write_tasks
 from rl.tasks.workspaces import TaskSourceError, apply_patch, materialise
 from rl.types import Split
@@ -47,11 +58,16 @@ def make_task(family: str, split: Split, seed: int, difficulty: int) -> Task:
     )
 
 
-def plan(families: Sequence[str], n_train: int, n_heldout: int, seed: int) -> list[tuple[str, Split, int, int]]:
-    """(family, split, seed, difficulty) for every task to build."""
-    unknown = [f for f in families if f not in FAMILIES]
+def plan(families: Sequence[str], n_train: int, n_heldout: int, seed: int, *,
+         sdists: Sequence[str] = ()) -> list[tuple[str, Split, int, int]]:
+    """(family, split, seed, difficulty) for every task to build (``realcode`` slots are filled
+    from ``sdists``, which it then requires: ``NAME==VERSION[@sha256:HEX]``)."""
+    unknown = [f for f in families if f not in FAMILIES and f != REALCODE]
     if unknown or not families:
-        raise ValueError(f"unknown task families {unknown}; known: {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown task families {unknown}; known: {', '.join((*FAMILIES, REALCODE))}")
+    if REALCODE in families and not parse_pins(sdists):
+        raise ValueError("the realcode family needs sdists to mutate: --sdists NAME==VERSION[,...] "
+                         "(e.g. toolz==1.0.0)")
     out = []
     for split, n, offset in ((Split.TRAIN, n_train, 0), (Split.HELDOUT, n_heldout, 500_000)):
         for i in range(n):
@@ -105,19 +121,31 @@ class BuildSummary:
 async def build_task_set(
     families: Sequence[str], n_train: int, n_heldout: int, seed: int, out: Path, *, sandbox: Sandbox,
     concurrency: int = 2, progress: Callable[[Task, str | None], None] | None = None,
+    sdists: Sequence[str] = (), cache_dir: Path | None = None, config: GraderConfig | None = None,
 ) -> BuildSummary:
-    """Generate, validate and write the set to ``out``; see the module docstring."""
-    jobs = plan(families, n_train, n_heldout, seed)
+    """Generate, validate and write the set to ``out``; see the module docstring.
+    ``cache_dir`` (required with ``realcode``) caches the downloaded sdists."""
+    jobs = plan(families, n_train, n_heldout, seed, sdists=sdists)
+    real = Counter(split for fam, split, _, _ in jobs if fam == REALCODE)
+    jobs = [j for j in jobs if j[0] != REALCODE]
+    if real and cache_dir is None:
+        raise ValueError("the realcode family needs a cache directory for the sdists it downloads")
     summary = BuildSummary()
-    kept: list[Task | None] = [None] * len(jobs)
-    gate = asyncio.Semaphore(concurrency)
     with tempfile.TemporaryDirectory(prefix="flywheel-tasks-") as tmp:
         store = WorkspaceStore(Path(tmp))
+        tasks: list[Task] = [make_task(*j) for j in jobs]
+        if real:
+            assert cache_dir is not None
+            drafts, unusable = await draft_tasks(parse_pins(sdists), real[Split.TRAIN], real[Split.HELDOUT], seed,
+                                                 sandbox=sandbox, store=store, cache_dir=cache_dir, config=config)
+            tasks += drafts
+            summary.dropped += unusable
+        kept: list[Task | None] = [None] * len(tasks)
+        gate = asyncio.Semaphore(concurrency)
 
-        async def one(i: int, job: tuple[str, Split, int, int]) -> None:
-            task = make_task(*job)
+        async def one(i: int, task: Task) -> None:
             async with gate:
-                why = await validate(task, store, sandbox)
+                why = await validate(task, store, sandbox, cache_dir=cache_dir, config=config)
             if why is None:
                 kept[i] = task
             else:
@@ -125,7 +153,7 @@ async def build_task_set(
             if progress is not None:
                 progress(task, why)
 
-        await asyncio.gather(*(one(i, j) for i, j in enumerate(jobs)))
+        await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
     tasks = [t for t in kept if t is not None]
     for t in tasks:
         summary.written[t.split.value] += 1

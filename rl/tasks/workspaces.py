@@ -6,18 +6,25 @@ state (grading restores the task's tests from that base, so rollouts must run
 on it or on a fork of it). :func:`apply_patch` applies a unified diff with the
 host's ``git apply`` (which refuses paths outside the tree and writes through
 no symlink). :func:`fetch_sdist` downloads ``name==version`` with ``pip
-download --no-deps --no-binary :all:`` (as ``benchmarks/search_quality.py``
-does), checks its sha256 and caches the archive under ``cache_dir``.
+download --no-deps --no-binary :all:``, checks its sha256 and caches the
+archive under ``cache_dir/NAME-VERSION/`` (a cached archive is never
+downloaded again); :func:`unpack_sdist` unpacks it (tar members through
+tarfile's ``data`` filter: no absolute paths, ``..``, links out or devices).
+This is the one sdist implementation: RL's real-code tasks
+(:mod:`rl.tasks.realcode`) and the search benchmarks use it.
 
 Not guaranteed: ``pip download`` needs the package index (or a pip
 configured mirror); offline, an sdist that is not cached fails with
-:class:`TaskSourceError`. Patches are text; binary hunks are not supported.
+:class:`TaskSourceError`. Without a pinned sha256 the first archive fetched
+is trusted (and its hash is what a task records). Patches are text; binary
+hunks are not supported.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -29,9 +36,13 @@ from rl.tasks.spec import GeneratedSource, GitSource, SdistSource, Task
 from tools.gitsafe import host_env
 from tools.workspace import Workspace, WorkspaceStore
 
-__all__ = ["TaskSourceError", "apply_patch", "fetch_sdist", "materialise", "write_files"]
+__all__ = ["TaskSourceError", "apply_patch", "check_sdist_name", "default_sdist_cache", "fetch_sdist", "materialise",
+           "sha256_file", "unpack_sdist", "write_files"]
 
 _ARCHIVES = (".tar.gz", ".tgz", ".zip")
+# PEP 508 distribution names; versions: PEP 440's characters (pip rejects what is not a version)
+_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?")
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.+!_-]{0,63}")
 
 
 class TaskSourceError(RuntimeError):
@@ -58,7 +69,22 @@ def apply_patch(root: str | os.PathLike[str], patch: str, *, what: str = "patch"
         raise TaskSourceError(f"{what} does not apply: {proc.stderr.decode(errors='replace').strip()[:1000]}")
 
 
-def _sha256(path: Path) -> str:
+def check_sdist_name(name: str, version: str) -> None:
+    """Refuse a name or version that is not a distribution name / version: they become a cache
+    directory name and a pip requirement, so ``../x`` or ``a; b`` must never reach either."""
+    if not _NAME.fullmatch(name):
+        raise TaskSourceError(f"sdist name {name!r} is not a distribution name (letters, digits, '.', '_', '-')")
+    if not _VERSION.fullmatch(version) or ".." in version:
+        raise TaskSourceError(f"sdist {name}: version {version!r} is not a version (e.g. 1.0.0)")
+
+
+def default_sdist_cache() -> Path:
+    """``~/.cache/flywheel/sdists``: the cache for callers with no data directory (benchmarks);
+    ``flywheel rl tasks build`` caches under its data directory instead."""
+    return Path.home() / ".cache" / "flywheel" / "sdists"
+
+
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -73,17 +99,18 @@ def fetch_sdist(name: str, version: str, cache_dir: Path, *, sha256: str | None 
     With ``sha256``, a cached or downloaded archive with another hash raises
     :class:`TaskSourceError` (a cached mismatch is deleted first, then fetched again).
     """
+    check_sdist_name(name, version)
     d = Path(cache_dir) / f"{name}-{version}"
     d.mkdir(parents=True, exist_ok=True)
     for attempt in range(2):
         archives = sorted(a for a in d.iterdir() if a.name.endswith(_ARCHIVES))
         if archives:
-            got = _sha256(archives[0])
+            got = sha256_file(archives[0])
             if sha256 is None or got == sha256:
                 return archives[0]
+            archives[0].unlink()  # never keep an archive that is not the pinned one
             if attempt:
                 raise TaskSourceError(f"sdist {name}=={version}: sha256 {got} does not match the pinned {sha256}")
-            archives[0].unlink()
         with tempfile.TemporaryDirectory(dir=d) as tmp:
             try:
                 p = subprocess.run([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
