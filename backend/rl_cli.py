@@ -33,7 +33,8 @@ def _add_tasks(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--sdists", default="",
                    help="realcode: comma-separated NAME==VERSION[@sha256:HEX] sdists that ship their tests")
     b.add_argument("--cache-dir", type=Path, default=None,
-                   help="realcode: where downloaded sdists are cached (default DATA_DIR/sdists)")
+                   help="realcode: where downloaded sdists are cached (default ~/.cache/flywheel/sdists, "
+                   "where rollout workers look)")
     b.add_argument("--n-train", type=int, default=32, help="training tasks to generate (default 32)")
     b.add_argument("--n-heldout", type=int, default=16, help="held-out tasks to generate (default 16)")
     b.add_argument("--seed", type=int, default=0, help="task-set seed (default 0)")
@@ -50,6 +51,7 @@ def _cmd_tasks_build(args: argparse.Namespace) -> int:
     from rl.tasks.build import build_task_set, plan
     from rl.tasks.grading import grader_sandbox
     from rl.tasks.realcode import REALCODE
+    from rl.tasks.workspaces import default_sdist_cache
     from tools.sandbox import SandboxUnavailable
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
@@ -62,7 +64,7 @@ def _cmd_tasks_build(args: argparse.Namespace) -> int:
         local = load_settings(LocalSettings, unsafe_no_sandbox=args.unsafe_no_sandbox or None)
         # realcode graders run the project's pytest: the sandbox must see this interpreter (read-only)
         sandbox = grader_sandbox(project=REALCODE in families, allow_unsandboxed=local.unsafe_no_sandbox)
-        cache_dir = args.cache_dir or local.data_dir / "sdists"
+        cache_dir = args.cache_dir or default_sdist_cache()
     except (ValueError, SettingsError, SandboxUnavailable) as exc:
         print(f"flywheel rl tasks build: {exc}", file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ from rl.tasks.families import FAMILIES, MAX_DIFFICULTY, UNITTEST, generate, patc
 from rl.tasks.grading import GraderConfig, grade
 from rl.tasks.realcode import REALCODE, draft_tasks, parse_pins
 from rl.tasks.spec import GeneratedSource, Grader, Task, write_tasks
-from rl.tasks.workspaces import TaskSourceError, apply_patch, materialise
+from rl.tasks.workspaces import TaskSourceError, apply_patch, default_sdist_cache, materialise
 from rl.types import Split
 from tools.sandbox import Sandbox
 from tools.workspace import WorkspaceStore
@@ -124,20 +124,18 @@ async def build_task_set(
     sdists: Sequence[str] = (), cache_dir: Path | None = None, config: GraderConfig | None = None,
 ) -> BuildSummary:
     """Generate, validate and write the set to ``out``; see the module docstring.
-    ``cache_dir`` (required with ``realcode``) caches the downloaded sdists."""
+    ``cache_dir`` caches the downloaded sdists (default :func:`rl.tasks.workspaces.default_sdist_cache`)."""
     jobs = plan(families, n_train, n_heldout, seed, sdists=sdists)
     real = Counter(split for fam, split, _, _ in jobs if fam == REALCODE)
     jobs = [j for j in jobs if j[0] != REALCODE]
-    if real and cache_dir is None:
-        raise ValueError("the realcode family needs a cache directory for the sdists it downloads")
     summary = BuildSummary()
     with tempfile.TemporaryDirectory(prefix="flywheel-tasks-") as tmp:
         store = WorkspaceStore(Path(tmp))
         tasks: list[Task] = [make_task(*j) for j in jobs]
         if real:
-            assert cache_dir is not None
             drafts, unusable = await draft_tasks(parse_pins(sdists), real[Split.TRAIN], real[Split.HELDOUT], seed,
-                                                 sandbox=sandbox, store=store, cache_dir=cache_dir, config=config)
+                                                 sandbox=sandbox, store=store, config=config,
+                                                 cache_dir=cache_dir or default_sdist_cache())
             tasks += drafts
             summary.dropped += unusable
         kept: list[Task | None] = [None] * len(tasks)

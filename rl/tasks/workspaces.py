@@ -79,8 +79,8 @@ def check_sdist_name(name: str, version: str) -> None:
 
 
 def default_sdist_cache() -> Path:
-    """``~/.cache/flywheel/sdists``: the cache for callers with no data directory (benchmarks);
-    ``flywheel rl tasks build`` caches under its data directory instead."""
+    """``~/.cache/flywheel/sdists``: where sdists are cached unless a caller names a directory
+    (``flywheel rl tasks build``, :func:`materialise` in rollout workers, the search benchmarks)."""
     return Path.home() / ".cache" / "flywheel" / "sdists"
 
 
@@ -142,7 +142,8 @@ def unpack_sdist(archive: Path, dest: Path) -> Path:
 
 def materialise(task: Task, store: WorkspaceStore, *, cache_dir: Path | None = None) -> Workspace:
     """A new workspace at ``task``'s starting state (its base snapshot). ``cache_dir``
-    holds downloaded sdists (required for sdist tasks)."""
+    holds downloaded sdists (default :func:`default_sdist_cache`, the cache ``flywheel rl
+    tasks build`` fills, so rollout workers reuse what the build downloaded)."""
     src = task.source
     if isinstance(src, GitSource):
         ws = store.from_git(src.repo, src.commit)
@@ -161,9 +162,8 @@ def materialise(task: Task, store: WorkspaceStore, *, cache_dir: Path | None = N
             write_files(root, src.files)
         else:
             assert isinstance(src, SdistSource)
-            if cache_dir is None:
-                raise TaskSourceError(f"task {task.id}: an sdist task needs a cache directory for downloads")
-            root = unpack_sdist(fetch_sdist(src.name, src.version, cache_dir, sha256=src.sha256), Path(tmp) / "u")
+            archive = fetch_sdist(src.name, src.version, cache_dir or default_sdist_cache(), sha256=src.sha256)
+            root = unpack_sdist(archive, Path(tmp) / "u")
         apply_patch(root, src.patch, what=f"task {task.id}: source.patch")
         return store.from_dir(root)
 

@@ -15,11 +15,18 @@ from pathlib import Path
 import pytest
 
 from backend.cli import main
-from rl.tasks.build import build_task_set, plan, validate
+from rl.tasks.build import plan, validate
 from rl.tasks.grading import grade, grader_sandbox
 from rl.tasks.realcode import REALCODE, SdistPin, draft_tasks, sdist_layout
-from rl.tasks.spec import SdistSource, load_tasks
-from rl.tasks.workspaces import TaskSourceError, apply_patch, fetch_sdist, materialise, sha256_file
+from rl.tasks.spec import Grader, SdistSource, Task, load_tasks
+from rl.tasks.workspaces import (
+    TaskSourceError,
+    apply_patch,
+    default_sdist_cache,
+    fetch_sdist,
+    materialise,
+    sha256_file,
+)
 from rl.types import Split
 from tools.sandbox import Sandbox, probe_bwrap
 from tools.workspace import WorkspaceStore
@@ -206,8 +213,19 @@ def build_pristine(cache: Path, dest: Path) -> Path:
     return unpack_sdist(next((cache / "toolz-1.0.0").glob("*.tar.gz")), dest)
 
 
-def test_build_task_set_refuses_realcode_without_a_cache(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="needs a cache directory"):
-        asyncio.run(build_task_set([REALCODE], 1, 0, 0, tmp_path / "t.jsonl", sandbox=None,  # type: ignore[arg-type]
-                                   sdists=["toolz==1.0.0"]))
-    assert not (tmp_path / "t.jsonl").exists()
+def test_rollout_workers_find_the_sdist_in_the_default_cache(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rollout workers call ``materialise(task, store)`` with no cache: it must read the default
+    cache the build filled (it refused every sdist task before)."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    cache = default_sdist_cache()
+    assert cache == tmp_path / "home" / ".cache" / "flywheel" / "sdists"
+    sha = _sdist(cache, "tinymath", "1.0", TINY)
+    task = Task(id="rc", family=REALCODE, split=Split.TRAIN, difficulty=1, seed=0, request="fix it",
+                source=SdistSource(name="tinymath", version="1.0", sha256=sha),
+                grader=Grader(command="true", test_files=["tests"]), reference_patch="x")
+    ws = materialise(task, WorkspaceStore(tmp_path / "store"))
+    try:
+        assert (Path(ws.root) / "tinymath" / "core.py").read_text() == CORE
+    finally:
+        ws.delete()
