@@ -17,15 +17,20 @@ training metrics (``docs/rl/rl_learning[_quick]_seed<S>_metrics.jsonl`` and ``..
     .venv/bin/python benchmarks/rl_learning.py                  # the full run (below)
 
 Full run sizing (not run yet; for a later session): 3 seeds (``--seeds 0 1 2``), ``small``
-preset, 64 train / 32 held-out tasks, SFT up to 20 epochs, 60 GRPO iterations of 4 tasks x
-G=8 (32 rollouts, <= 6 model calls of <= 192 tokens each), held-out eval every 10
-iterations with k=4. Budget on this 2-core machine, from the ``--quick`` timings scaled by
-rollouts and by the small preset's ~10x compute per token: about 100 s per iteration (the
-inference actor is the bottleneck: rollouts/s in ``rl_throughput.json``), ~1 h 40 min of
-GRPO plus ~15 min of SFT and evaluations per seed — within the 2 h per seed the issue
-allows; run the seeds one after another (``--seeds 0``, then 1, then 2) if a session is
-shorter. The issue's bars (pass@1 +25 points, tokens per solved task / 2) are for that run;
-the quick run only shows the pipeline end to end and is far too small to meet them.
+preset, 64 train / 32 held-out tasks, SFT up to 20 epochs (early stopping), 50 GRPO
+iterations of 4 tasks x G=8 (32 rollouts, <= 6 model calls of <= 192 tokens each), held-out
+eval every 10 iterations with k=4. Estimate for this 2-core machine, from measurements, not
+from a full run: ``benchmarks/results/rl_learning_sizing_small.json`` (``--quick --preset small
+--n-train 8 --n-heldout 4 --iterations 2 --eval-every 2 --sft-epochs 10 --name
+rl_learning_sizing_small``) took 8.7 s per iteration for 8 rollouts of ~50 sampled tokens
+(rollouts 2.7-4.1 s, GRPO step 1.6-2.8 s, the rest actor start-up) and ~2.5 s per SFT step
+of 4 demonstrations. Scaled to 32 rollouts of up to ~400 sampled tokens (the engine batches
+them, so sub-linearly) that is ~60-120 s per iteration, i.e. 50-100 min of GRPO, plus
+<= 13 min of SFT (320 steps) and ~6 held-out evaluations of 128 rollouts: ~1.5-2.3 h per
+seed, at the edge of the issue's 2 h. Run ``--seeds 0 --iterations 2`` first and scale
+``--iterations`` to the measured time per iteration; run the seeds one after another if a
+session is shorter. The issue's bars (pass@1 +25 points, tokens per solved task / 2) are for
+that run; the quick run only shows the pipeline end to end and is far too small to meet them.
 """
 
 from __future__ import annotations
@@ -181,7 +186,7 @@ def main() -> None:
     ap.add_argument("--sft-epochs", type=int)
     ap.add_argument("--name", help="result name (default rl_learning or rl_learning_quick)")
     args = ap.parse_args()
-    full = {"seeds": [0, 1, 2], "preset": "small", "n_train": 64, "n_heldout": 32, "iterations": 60,
+    full = {"seeds": [0, 1, 2], "preset": "small", "n_train": 64, "n_heldout": 32, "iterations": 50,
             "eval_every": 10, "tasks_per_iteration": 4, "group": 8, "k": 4, "sft_epochs": 20,
             "max_model_calls": 6, "max_tokens": 192, "lr": 1e-4}
     quick = full | {"seeds": [0], "preset": "tiny", "n_train": 32, "n_heldout": 8, "iterations": 6, "eval_every": 2,

@@ -165,17 +165,25 @@ def _checkpoint_and_profile(cfg: RunConfig) -> tuple[Any, Any, Any]:
     return model, tok, profile
 
 
+def _open(log: RolloutLog | Callable[[], RolloutLog] | None) -> RolloutLog:
+    if log is None:
+        return MemoryRolloutLog()
+    return log() if callable(log) else log
+
+
 def _limits(cfg: Any) -> Any:
     from agent.session import Limits
 
     return Limits(max_steps=cfg.max_model_calls, max_output_tokens=cfg.max_output_tokens, max_wall_s=cfg.max_wall_s)
 
 
-def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | None = None, stop_after: int | None = None,
-          progress: Callable[[dict[str, Any]], None] | None = None,
+def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[], RolloutLog] | None = None,
+          stop_after: int | None = None, progress: Callable[[dict[str, Any]], None] | None = None,
           on_rollout: Callable[[Rollout], None] | None = None) -> LoopResult:
     """Run (or resume) the GRPO run ``cfg`` on Ray; see the module docstring. Joins
-    ``cfg.rollout.address`` or starts a local Ray (shut down again if this call started it)."""
+    ``cfg.rollout.address`` or starts a local Ray (shut down again if this call started it).
+    ``log`` may be a factory, called only once the task set and checkpoint are valid (a bad
+    config leaves no log behind)."""
     import ray
 
     from rl.rollout.cluster import init_ray
@@ -183,10 +191,11 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | None = None,
 
     tasks = load_split(cfg.tasks, Split.TRAIN)
     model, tok, profile = _checkpoint_and_profile(cfg)
+    log = _open(log)
     started = not ray.is_initialized()
     init_ray(cfg.rollout.address)
     source = RaySource(Path(cfg.model.init or ""), tasks, run_id=cfg.name, store_root=Path(cfg.out_dir) / "workspaces",
-                       log=log or MemoryRolloutLog(), limits=_limits(cfg.limits), workers=cfg.rollout.workers,
+                       log=log, limits=_limits(cfg.limits), workers=cfg.rollout.workers,
                        max_tokens=cfg.rollout.max_tokens_per_call, temperature=cfg.rollout.temperature,
                        seed=cfg.seed, on_rollout=on_rollout)
     try:
@@ -238,8 +247,8 @@ def summarise(rollouts: Sequence[Rollout], k: int, split: str) -> EvalResult:
         c = sum(bool(r.reward_terms.get("success")) for r in scored)
         short += len(scored) < k
         n = len(scored)
-        per_task[task_id] = {"n": float(n), "correct": float(c),
-                             "pass@1": pass_at_k(n, c, 1) if n else 0.0, f"pass@{k}": pass_at_k(n, c, min(k, n)) if n else 0.0}
+        per_task[task_id] = {"n": float(n), "correct": float(c), "pass@1": pass_at_k(n, c, 1) if n else 0.0,
+                             f"pass@{k}": pass_at_k(n, c, min(k, n)) if n else 0.0}
     p1 = sum(t["pass@1"] for t in per_task.values()) / max(1, len(per_task))
     pk = sum(t[f"pass@{k}"] for t in per_task.values()) / max(1, len(per_task))
     return EvalResult(split, k, len(per_task), p1, pk,
@@ -248,8 +257,8 @@ def summarise(rollouts: Sequence[Rollout], k: int, split: str) -> EvalResult:
 
 
 def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, openai: Any = None,
-             log: RolloutLog | None = None, limits: Any = None, temperature: float = 1.0, max_tokens: int = 256,
-             store_root: Path, seed: int = 0, run_id: str = "eval",
+             log: RolloutLog | Callable[[], RolloutLog] | None = None, limits: Any = None, temperature: float = 1.0, max_tokens: int = 256,
+             store_root: Path, seed: int = 0, run_id: str = "eval", address: str | None = None,
              on_rollout: Callable[[Rollout], None] | None = None) -> EvalResult:
     """pass@1/pass@k of ``checkpoint`` (Ray workers) or ``openai`` (an ``OpenAIConfig``; in process)."""
     from rl.config import LimitsConfig
@@ -257,7 +266,7 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
     if (checkpoint is None) == (openai is None):
         raise DriverError("evaluate: give exactly one of a checkpoint or an OpenAI-compatible model")
     lim = limits or _limits(LimitsConfig())
-    log = log or MemoryRolloutLog()
+    log = _open(log)
     split = tasks[0].split.value if tasks else "none"
     if openai is not None:
         from rl.rollout.policy_eval import run_policy_rollouts
@@ -275,8 +284,9 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
     from rl.rollout.cluster import init_ray
 
     started = not ray.is_initialized()
-    init_ray()
-    source = RaySource(checkpoint, tasks, run_id=run_id, store_root=store_root, log=log, limits=lim,  # type: ignore[arg-type]
+    init_ray(address)
+    assert checkpoint is not None
+    source = RaySource(checkpoint, tasks, run_id=run_id, store_root=store_root, log=log, limits=lim,
                        max_tokens=max_tokens, temperature=temperature, seed=seed, on_rollout=on_rollout)
     try:
         rollouts = source.collect([t.id for t in tasks], iteration=0, group_size=k)
@@ -287,7 +297,8 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
     return summarise(rollouts, k, split)
 
 
-def run_training(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | None = None) -> int:
+def run_training(cfg: RunConfig, *, resume: bool = True,
+                 log: RolloutLog | Callable[[], RolloutLog] | None = None) -> int:
     """``flywheel rl train``: :func:`train` with a progress bar and a summary; exit status."""
     from tqdm import tqdm
 
@@ -314,7 +325,7 @@ def run_training(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | None 
     return 0
 
 
-def run_eval(args: Any, *, log: RolloutLog | None = None) -> int:
+def run_eval(args: Any, *, log: RolloutLog | Callable[[], RolloutLog] | None = None) -> int:
     """``flywheel rl eval`` (``args`` from :func:`rl.train.cli.add_commands`); prints the result JSON."""
     import tempfile
 
@@ -330,7 +341,8 @@ def run_eval(args: Any, *, log: RolloutLog | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="flywheel-eval-") as tmp:
         res = evaluate(tasks, k=args.k, checkpoint=args.checkpoint if openai is None else None, openai=openai,
                        log=log, limits=_limits(LimitsConfig()), temperature=args.temperature,
-                       max_tokens=args.max_tokens, store_root=Path(tmp), seed=args.seed)
+                       max_tokens=args.max_tokens, store_root=Path(tmp), seed=args.seed,
+                       address=getattr(args, "address", None))
     print(f"{res.split}: {res.tasks} tasks, k={res.k}: pass@1 {res.pass_at_1:.3f}, pass@{res.k} "
           f"{res.pass_at_k:.3f} ({res.infra_errors} infrastructure errors excluded)", file=sys.stderr)
     print(json.dumps(res.to_json()))

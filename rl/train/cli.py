@@ -44,6 +44,7 @@ def add_commands(sub: argparse._SubParsersAction, *, make_log: Callable[[], Any]
     t = sub.add_parser("train", help="GRPO training from a run config")
     t.add_argument("--config", type=Path, required=True, help="run config (YAML, TOML or JSON)")
     t.add_argument("--no-resume", action="store_true", help="start afresh even if OUT has a checkpoint")
+    t.add_argument("--address", help="join this Ray cluster (overrides rollout.address; default: ray.init() locally)")
     t.set_defaults(func=_cmd_train, make_log=make_log)
     e = sub.add_parser("eval", help="pass@1 / pass@k of a checkpoint or an OpenAI-compatible model on a split")
     e.add_argument("checkpoint", nargs="?", type=Path, help="checkpoint directory (or use --policy openai)")
@@ -58,6 +59,7 @@ def add_commands(sub: argparse._SubParsersAction, *, make_log: Callable[[], Any]
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--max-tokens", type=int, default=256, help="per model call")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--address", help="join this Ray cluster (default: ray.init() locally)")
     e.set_defaults(func=_cmd_eval, make_log=make_log)
 
 
@@ -142,14 +144,19 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def _open_log(args: argparse.Namespace, cmd: str) -> Any:
+def _open_log(args: argparse.Namespace, cmd: str) -> Callable[[], Any]:
+    """A factory for the run's RolloutLog (the driver opens it once the inputs are valid)."""
     make_log = getattr(args, "make_log", None)
     if make_log is not None:
-        return make_log()
-    from rl.rollout.log import MemoryRolloutLog
+        return make_log  # type: ignore[no-any-return]
 
-    print(f"flywheel rl {cmd}: no session log configured: rollouts are kept in memory only", file=sys.stderr)
-    return MemoryRolloutLog()
+    def memory() -> Any:
+        from rl.rollout.log import MemoryRolloutLog
+
+        print(f"flywheel rl {cmd}: no session log configured: rollouts are kept in memory only", file=sys.stderr)
+        return MemoryRolloutLog()
+
+    return memory
 
 
 def _bad_input() -> tuple[type[Exception], ...]:
@@ -171,6 +178,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = load_run_config(args.config)
     except ConfigError as exc:
         return _fail("train", str(exc))
+    if args.address:
+        cfg = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"address": args.address})})
     try:
         return driver.run_training(cfg, resume=not args.no_resume, log=_open_log(args, "train"))
     except _bad_input() as exc:

@@ -68,8 +68,9 @@ def test_pass_at_k_estimator() -> None:
     assert res.infra_errors == 1 and res.tasks_short == 0
 
 
-def test_eval_an_openai_compatible_model_through_the_runtime(tasks: Path, capsys: pytest.CaptureFixture[str]
-                                                             ) -> None:
+def test_eval_an_openai_compatible_model_through_the_runtime(tasks: Path, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))  # the CLI's session log: not the user's
     task = next(t for t in load_tasks(tasks) if t.split is Split.HELDOUT)
     demo = demo_task_from_patch(task.id, task.request, task.reference_patch, task.grader.command)
     fix = "\n".join(encode_call("edit_file", {"path": e.path, "search": e.search, "replace": e.replace})
@@ -101,8 +102,9 @@ def _config(tmp_path: Path, **over: object) -> Path:
     return p
 
 
-def test_train_names_what_is_missing_or_wrong(tmp_path: Path, tasks: Path, capsys: pytest.CaptureFixture[str]
-                                              ) -> None:
+def test_train_names_what_is_missing_or_wrong(tmp_path: Path, tasks: Path, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))
     assert main(["rl", "train", "--config", str(_config(tmp_path, gruop_size=4))]) == 2
     assert "unknown key 'gruop_size'" in capsys.readouterr().err
     assert main(["rl", "train", "--config", str(_config(tmp_path))]) == 2
@@ -120,7 +122,8 @@ def test_train_names_what_is_missing_or_wrong(tmp_path: Path, tasks: Path, capsy
     cfg = _config(tmp_path, tasks=str(tasks), model={"preset": "tiny", "init": str(ckpt), "prompt_profile": "default"})
     assert main(["rl", "train", "--config", str(cfg)]) == 2
     assert "served with 'compact'" in capsys.readouterr().err
-    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing half-written
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing half-written,
+    assert not (tmp_path / "data").exists()  # and no session log opened for a run that never started
 
 
 def test_eval_refuses_incomplete_arguments(tasks: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -104,8 +104,11 @@ def test_smoke_rl_run_records_rollouts_and_updates_weights(ray_session, sft_chec
 
 
 def test_smoke_eval_of_a_checkpoint_on_the_heldout_split(ray_session, sft_checkpoint: tuple[Path, Path],
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from backend.cli import main
+
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))  # the CLI's session log: not the user's
 
     tasks, sft = sft_checkpoint
     rc = main(["rl", "eval", str(sft), "--tasks", str(tasks), "--split", "heldout", "-k", "2",
@@ -117,3 +120,4 @@ def test_smoke_eval_of_a_checkpoint_on_the_heldout_split(ray_session, sft_checkp
     assert 0.0 <= res["pass_at_1"] <= res["pass_at_k"] <= 1.0
     assert res["behaviour"]["rollouts"] == 4.0
     assert set(res["per_task"]) == {t.id for t in load_tasks(tasks) if t.split.value == "heldout"}
+    assert (tmp_path / "data" / "flywheel.db").exists()  # persisted to the session log the CLI opened
