@@ -109,7 +109,8 @@ class RaySource:
         config = WorkerConfig(store_root=str(store_root), limits=limits, max_tokens=max_tokens,
                               temperature=temperature)
         self.workers = start_workers(workers, config, self.inference, num_cpus=worker_cpus)
-        self.last_timings: dict[str, float] = {}
+        self.last_timings: dict[str, float] = {}  # seconds summed over the iteration's rollouts
+        self.last_counts: dict[str, float] = {}  # merged into the iteration's metrics record as they are
         self.version = 0
 
     def publish(self, state_dict: dict[str, Any], version: int) -> None:
@@ -135,7 +136,7 @@ class RaySource:
                 self.on_rollout(r)
         self.last_timings = {k: sum(float(r.metrics.get(f"{k}_s", 0.0)) for r in rollouts)
                              for k in ("generation", "tools", "grading")}
-        self.last_timings["ungraded"] = float(sum(r.metrics.get("ungraded", 0.0) for r in rollouts))
+        self.last_counts = {"ungraded": float(sum(r.metrics.get("ungraded", 0.0) for r in rollouts))}
         return rollouts
 
     def close(self) -> None:
@@ -259,8 +260,11 @@ def summarise(rollouts: Sequence[Rollout], k: int, split: str) -> EvalResult:
 def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, openai: Any = None,
              log: RolloutLog | Callable[[], RolloutLog] | None = None, limits: Any = None, temperature: float = 1.0, max_tokens: int = 256,
              store_root: Path, seed: int = 0, run_id: str = "eval", address: str | None = None,
-             on_rollout: Callable[[Rollout], None] | None = None) -> EvalResult:
-    """pass@1/pass@k of ``checkpoint`` (Ray workers) or ``openai`` (an ``OpenAIConfig``; in process)."""
+             on_rollout: Callable[[Rollout], None] | None = None,
+             progress: Callable[[int], None] | None = None) -> EvalResult:
+    """pass@1/pass@k of ``checkpoint`` (Ray workers) or ``openai`` (an ``OpenAIConfig``; in process).
+    ``progress(n)`` is called as each batch of ``n`` rollouts is scored (a checkpoint's rollouts
+    run ~16 at a time, so the bar moves; an OpenAI model's all at once)."""
     from rl.config import LimitsConfig
 
     if (checkpoint is None) == (openai is None):
@@ -278,6 +282,8 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
             persist(log, r, r.events)
             if on_rollout is not None:
                 on_rollout(r)
+        if progress is not None:
+            progress(len(rollouts))
         return summarise(rollouts, k, split)
     import ray
 
@@ -288,8 +294,14 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
     assert checkpoint is not None
     source = RaySource(checkpoint, tasks, run_id=run_id, store_root=store_root, log=log, limits=lim,
                        max_tokens=max_tokens, temperature=temperature, seed=seed, on_rollout=on_rollout)
+    rollouts = []
+    per_batch = max(1, 16 // k)
     try:
-        rollouts = source.collect([t.id for t in tasks], iteration=0, group_size=k)
+        for i in range(0, len(tasks), per_batch):
+            batch = source.collect([t.id for t in tasks[i: i + per_batch]], iteration=0, group_size=k)
+            rollouts += batch
+            if progress is not None:
+                progress(len(batch))
     finally:
         source.close()
         if started:
@@ -338,11 +350,15 @@ def run_eval(args: Any, *, log: RolloutLog | Callable[[], RolloutLog] | None = N
 
         openai = OpenAIConfig(base_url=args.base_url, model=args.model, temperature=args.temperature,
                               max_tokens=args.max_tokens, api=args.api)
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(tasks) * args.k, desc=f"rl eval {args.split}", unit="rollout", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="flywheel-eval-") as tmp:
         res = evaluate(tasks, k=args.k, checkpoint=args.checkpoint if openai is None else None, openai=openai,
                        log=log, limits=_limits(LimitsConfig()), temperature=args.temperature,
                        max_tokens=args.max_tokens, store_root=Path(tmp), seed=args.seed,
-                       address=getattr(args, "address", None))
+                       address=getattr(args, "address", None), progress=bar.update)
+    bar.close()
     print(f"{res.split}: {res.tasks} tasks, k={res.k}: pass@1 {res.pass_at_1:.3f}, pass@{res.k} "
           f"{res.pass_at_k:.3f} ({res.infra_errors} infrastructure errors excluded)", file=sys.stderr)
     print(json.dumps(res.to_json()))

@@ -82,7 +82,8 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
     """Train ``model`` for ``cfg.iterations`` iterations (or stop after ``stop_after`` more).
 
     ``progress`` is called with each iteration's record (the CLI draws its bar from it).
-    Metrics go to ``OUT/metrics.jsonl`` and ``OUT/curves.png``; checkpoints to
+    Metrics go to ``OUT/metrics.jsonl`` and ``OUT/curves.png`` (both rewritten after every
+    iteration, so a killed run keeps its curves); checkpoints to
     ``OUT/checkpoints`` every ``cfg.checkpoint_every`` iterations and after the last.
     """
     import numpy as np
@@ -134,7 +135,7 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
             state.weights_version += 1
             source.publish(_cpu_state(model), state.weights_version)
         t3 = time.perf_counter()
-        timing = _source_timings(source)
+        timing = _source_timings(source) | _source_counts(source)
         record = {"iteration": state.iteration, "weights_version": state.weights_version, "tasks": len(tasks),
                   **rollout_metrics(rollouts), **train_m,
                   "time_rollouts_s": t1 - t0, "time_training_s": t2 - t1, "time_weight_sync_s": (t3 - t2) + sync_s,
@@ -144,16 +145,23 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
         records.append(record)
         if state.iteration % cfg.checkpoint_every == 0 or state.iteration == cfg.iterations:
             save_run_state(out, model, tokenizer, trainer.optimizer, state, profile=profile)
+        plot_metrics(read_metrics(metrics_path), out / "curves.png", title=cfg.name)  # per iteration
         if progress is not None:
             progress(record)
-    all_records = read_metrics(metrics_path) if metrics_path.exists() else []
-    if all_records:
-        plot_metrics(all_records, out / "curves.png", title=cfg.name)
     return LoopResult(state.iteration, state.weights_version, records, out)
 
 
 def _cpu_state(model: Any) -> dict[str, Any]:
     return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+
+
+def _source_counts(source: RolloutSource) -> dict[str, float]:
+    """Counts the source reports for the last ``collect`` (an optional ``last_counts`` attribute:
+    ``ungraded``, rollouts whose grade was an infrastructure error), merged in as they are."""
+    counts = getattr(source, "last_counts", None)
+    if not isinstance(counts, dict):
+        return {}
+    return {str(k): float(v) for k, v in counts.items() if isinstance(v, (int, float))}
 
 
 def _source_timings(source: RolloutSource) -> dict[str, float]:

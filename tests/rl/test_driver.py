@@ -131,3 +131,36 @@ def test_eval_refuses_incomplete_arguments(tasks: Path, capsys: pytest.CaptureFi
     assert "give a CHECKPOINT directory" in capsys.readouterr().err
     assert main(["rl", "eval", "--policy", "openai", "--tasks", str(tasks)]) == 2
     assert "needs --base-url and --model" in capsys.readouterr().err
+
+
+def test_a_grader_that_cannot_run_excludes_the_rollout_and_counts_it(ray_session, tasks: Path,
+                                                                    tmp_path: Path) -> None:
+    """Through the real Ray source: a grader whose command does not exist (exit 127) is an
+    infrastructure error — INFRA_ERROR, no reward, counted as ungraded, left out of GRPO."""
+    from agent.session import Limits
+    from rl.config import GRPOConfig
+    from rl.rollout.driver import RaySource
+    from rl.rollout.log import MemoryRolloutLog
+    from rl.train.grpo import select_rollouts
+    from rl.train.loop import _source_counts
+
+    task = next(t for t in load_tasks(tasks) if t.split is Split.TRAIN)
+    broken = task.model_copy(update={"grader": task.grader.model_copy(update={"command": "/nonexistent/grader"})})
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "ckpt", MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size,
+                                                                               max_seq_len=2048)),
+                           tok, step=0, profile=COMPACT_PROFILE)
+    log = MemoryRolloutLog()
+    source = RaySource(ckpt, [broken], run_id="broken", store_root=tmp_path / "store", log=log,
+                       limits=Limits(max_steps=1, max_wall_s=60), max_tokens=8)
+    try:
+        rollouts = source.collect([broken.id], iteration=0, group_size=2)
+    finally:
+        source.close()
+    assert [r.status for r in rollouts] == [RolloutStatus.INFRA_ERROR] * 2
+    assert all(r.reward is None and "not scored" in r.detail and "exit 127" in r.detail for r in rollouts)
+    assert _source_counts(source) == {"ungraded": 2.0}
+    assert {s["tags"]["status"] for s in log.sessions.values()} == {"infra_error"}
+    sel = select_rollouts(rollouts, GRPOConfig(group_size=2))
+    assert sel.n_infra_excluded == 2 and not sel.rows
