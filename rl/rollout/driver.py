@@ -19,7 +19,9 @@ One iteration of :func:`train` (the loop itself is :func:`rl.train.loop.run_loop
    ``n_infra_excluded``, ``ungraded`` in the metrics), never a silent zero;
 5. the GRPO update (:mod:`rl.train.grpo`), new weights to the inference actor
    with the next version number (each rollout records the version that sampled
-   it; the loop refuses stale ones), metrics JSONL + PNG, a checkpoint.
+   it; the loop refuses stale ones), metrics JSONL + PNG, a checkpoint; a log
+   that keeps runs (``backend/rl_log.py``) gets the run's config, each
+   iteration's metrics and the run's final status (finished / stopped / failed).
 
 :func:`evaluate` is pass@1 / pass@k on a split: a checkpoint through the same
 Ray workers, or an OpenAI-compatible model (:class:`agent.policies.openai_compat.
@@ -193,19 +195,48 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
     tasks = load_split(cfg.tasks, Split.TRAIN)
     model, tok, profile = _checkpoint_and_profile(cfg)
     log = _open(log)
+    _run_started(log, cfg)
     started = not ray.is_initialized()
     init_ray(cfg.rollout.address)
     source = RaySource(Path(cfg.model.init or ""), tasks, run_id=cfg.name, store_root=Path(cfg.out_dir) / "workspaces",
                        log=log, limits=_limits(cfg.limits), workers=cfg.rollout.workers,
                        max_tokens=cfg.rollout.max_tokens_per_call, temperature=cfg.rollout.temperature,
                        seed=cfg.seed, on_rollout=on_rollout)
+    def on_iteration(record: dict[str, Any]) -> None:
+        if hasattr(log, "record_iteration"):
+            log.record_iteration(cfg.name, int(record["iteration"]), _finite(record))
+        if progress is not None:
+            progress(record)
+
+    status = "failed"
     try:
-        return run_loop(cfg, model=model, tokenizer=tok, profile=profile, task_ids=[t.id for t in tasks],
-                        source=source, resume=resume, stop_after=stop_after, progress=progress)
+        res = run_loop(cfg, model=model, tokenizer=tok, profile=profile, task_ids=[t.id for t in tasks],
+                       source=source, resume=resume, stop_after=stop_after, progress=on_iteration)
+        status = "finished" if res.iterations_done >= cfg.iterations else "stopped"
+        return res
     finally:
+        if hasattr(log, "set_run_status"):
+            log.set_run_status(cfg.name, status)
         source.close()
         if started:
             ray.shutdown()
+
+
+def _run_started(log: Any, cfg: RunConfig) -> None:
+    """Record the run (its config) in a log that keeps runs (``backend/rl_log.py``'s does:
+    optional ``get_run``/``record_run``/``record_iteration``/``set_run_status``); a resumed
+    run keeps its row and is marked running again."""
+    if not (hasattr(log, "record_run") and hasattr(log, "get_run")):
+        return
+    if log.get_run(cfg.name) is None:
+        log.record_run(cfg.model_dump(mode="json"), run_id=cfg.name)
+    elif hasattr(log, "set_run_status"):
+        log.set_run_status(cfg.name, "running")
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` without NaN/inf values (JSON cannot hold them; a missing key means 'not measured')."""
+    return {k: v for k, v in record.items() if not (isinstance(v, float) and not math.isfinite(v))}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

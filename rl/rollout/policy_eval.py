@@ -50,7 +50,7 @@ async def run_policy_rollouts(tasks: Sequence[Task], k: int, openai: Any, *, lim
         try:
             async def one(g: int, env: TaskEnv = env, base: Any = base) -> Rollout:
                 async with gate:
-                    return await _one(env, base, g, openai, limits, sandbox, run_id)
+                    return await _one(env, base, g, openai, limits, sandbox, run_id, str(store.blobs.root))
 
             out += await asyncio.gather(*(one(g) for g in range(k)))
         finally:
@@ -58,7 +58,8 @@ async def run_policy_rollouts(tasks: Sequence[Task], k: int, openai: Any, *, lim
     return out
 
 
-async def _one(env: Any, base: Any, sample: int, openai: Any, limits: Any, sandbox: Any, run_id: str) -> Rollout:
+async def _one(env: Any, base: Any, sample: int, openai: Any, limits: Any, sandbox: Any, run_id: str,
+               blob_root: str) -> Rollout:
     from agent.events import ErrorEvent, ListSink
     from agent.policies.openai_compat import OpenAICompatPolicy
     from agent.runtime import SessionParts, build_session
@@ -71,6 +72,7 @@ async def _one(env: Any, base: Any, sample: int, openai: Any, limits: Any, sandb
     except Exception as exc:  # noqa: BLE001 - ours: an infrastructure error
         rollout.detail = f"workspace fork failed: {type(exc).__name__}: {exc}"
         return rollout
+    rollout.base_snapshot, rollout.blob_root = fork.base.to_json().decode(), blob_root  # for replay
     sink = ListSink()
     policy = None
     try:

@@ -121,3 +121,34 @@ def test_smoke_eval_of_a_checkpoint_on_the_heldout_split(ray_session, sft_checkp
     assert res["behaviour"]["rollouts"] == 4.0
     assert set(res["per_task"]) == {t.id for t in load_tasks(tasks) if t.split.value == "heldout"}
     assert (tmp_path / "data" / "flywheel.db").exists()  # persisted to the session log the CLI opened
+
+
+def test_smoke_flywheel_rl_train_cli_records_the_run_in_the_session_log(
+        ray_session, sft_checkpoint: tuple[Path, Path], capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`flywheel rl train --config FILE`: rollouts, the run and its iteration land in the session log."""
+    import sqlite3
+
+    from backend.cli import main
+
+    tasks, sft = sft_checkpoint
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))
+    cfg = tmp_path / "run.json"
+    cfg.write_text(json.dumps({
+        "name": "smoke-cli", "out_dir": str(tmp_path / "run"), "tasks": str(tasks), "iterations": 1,
+        "tasks_per_iteration": 2, "model": {"preset": "tiny", "init": str(sft)}, "grpo": {"group_size": 2},
+        "limits": {"max_model_calls": 2, "max_output_tokens": 96, "max_wall_s": 60},
+        "rollout": {"max_tokens_per_call": 48}}))
+    rc = main(["rl", "train", "--config", str(cfg)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    summary = json.loads(out.out.strip().splitlines()[-1])
+    assert summary["iterations_done"] == 1 and summary["run"] == "smoke-cli"
+    db = sqlite3.connect(tmp_path / "data" / "flywheel.db")
+    try:
+        rows = db.execute("SELECT rl_run, rl_status FROM sessions WHERE kind = 'rl'").fetchall()
+        assert len(rows) == 4 and {r[0] for r in rows} == {"smoke-cli"} and all(r[1] for r in rows)
+        assert db.execute("SELECT status FROM rl_runs WHERE id = 'smoke-cli'").fetchall() == [("finished",)]
+        assert db.execute("SELECT iteration FROM rl_iterations WHERE run_id = 'smoke-cli'").fetchall() == [(1,)]
+    finally:
+        db.close()
