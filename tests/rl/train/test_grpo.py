@@ -144,22 +144,8 @@ def test_too_long_rollout_is_an_error_naming_it() -> None:
         GRPOTrainer(model, GRPOConfig(), pad_id=0, lr=1e-3).step(rs)
 
 
-def test_routing_replay_without_model_support_is_a_clear_error() -> None:
-    from rl.train.grpo import supports_routing_replay
-
-    model = tiny_model()
-    if supports_routing_replay(model):
-        pytest.skip("MoETransformer.forward takes routes=: covered by test_routing_replay_trains")
-    with pytest.raises(RoutingReplayUnavailable, match="routing_replay: false"):
-        GRPOTrainer(model, GRPOConfig(routing_replay=True), pad_id=0, lr=1e-3)
-
-
 def test_routing_replay_trains_with_the_sampler_routes() -> None:
-    from rl.train.grpo import supports_routing_replay
-
     model = tiny_model()
-    if not supports_routing_replay(model):
-        pytest.skip("MoETransformer.forward has no routes= yet")
     rs = [rollout(model, [1, 2, 3], [[4 + i, 5]], sample=i, reward=float(i)) for i in range(2)]
     for r in rs:
         routes = model(torch.tensor([r.token_ids]), return_routes=True).routes[0].tolist()
