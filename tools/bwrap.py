@@ -129,8 +129,10 @@ def root_args(visible: Sequence[Path]) -> list[str]:
 
 def isolation_args(bwrap: str, visible: Sequence[Path]) -> list[str]:
     """The flags every sandbox gets, before any workspace-specific mount."""
-    args = [bwrap, *root_args(visible), "--dev", "/dev", "--proc", "/proc"]
-    args += ["--remount-ro", "/proc", "--tmpfs", "/tmp"]
+    # The private /tmp first: a visible path beneath /tmp (a toolchain in a checkout under
+    # /tmp, say) is bound on top of it, not hidden by it.
+    args = [bwrap, "--tmpfs", "/tmp", *root_args(visible), "--dev", "/dev", "--proc", "/proc"]
+    args += ["--remount-ro", "/proc"]
     args += ["--unshare-all", "--hostname", HOSTNAME, "--die-with-parent", "--new-session"]
     if os.geteuid() == 0:  # as root, bwrap would keep every capability
         args += ["--cap-drop", "ALL"]

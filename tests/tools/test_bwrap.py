@@ -120,6 +120,23 @@ async def test_demo_tests_run_with_the_system_python(tmp_path: Path) -> None:
 
 
 @needs_bwrap
+async def test_extra_ro_beneath_tmp_is_not_hidden_by_the_private_tmp(tmp_path: Path) -> None:
+    # A checkout (and its venv) under /tmp, as CI clones may be: the private /tmp must not cover it.
+    tool = Path("/tmp") / f"fw-toolchain-{os.getpid()}"
+    (tool / "bin").mkdir(parents=True, exist_ok=True)
+    try:
+        (tool / "bin" / "tool").write_text("#!/bin/sh\necho toolchain works\n")
+        (tool / "bin" / "tool").chmod(0o755)
+        (tmp_path / "ws").mkdir()
+        r = await make_sandbox(extra_ro=[tool]).run(f"{tool}/bin/tool && ls /tmp", tmp_path / "ws")
+        assert r.exit_code == 0 and "toolchain works" in r.output, r.output
+    finally:
+        (tool / "bin" / "tool").unlink(missing_ok=True)
+        (tool / "bin").rmdir()
+        tool.rmdir()
+
+
+@needs_bwrap
 async def test_extra_ro_exposes_a_toolchain(tmp_path: Path) -> None:
     # The project's venv python (with pytest) lives outside the allow-list; an operator exposes it.
     (tmp_path / "ws").mkdir()
