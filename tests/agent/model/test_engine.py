@@ -254,16 +254,7 @@ async def test_stop_sequence_spanning_tokens_ends_the_sequence(engine: Engine, t
 @pytest.mark.parametrize("end", ["<|end|>", "<|eos|>"])
 async def test_end_tokens_finish_with_stop_and_are_reported(model, tok, end: str) -> None:
     end_id = tok.token_id(end)
-    calls = 0
-
-    def force_end_at_step_4(_module, _inputs, logits: torch.Tensor) -> torch.Tensor:
-        nonlocal calls
-        calls += 1
-        if calls == 4:
-            logits[..., end_id] += 1e4
-        return logits
-
-    handle = model.lm_head.register_forward_hook(force_end_at_step_4)
+    handle = _forcing(model, {4: end_id})  # the end token at the 4th forward
     engine = Engine(model, tok, max_slots=2)
     await engine.start()
     try:
