@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["ConfigError", "GRPOConfig", "LimitsConfig", "ModelSection", "RolloutConfig", "RunConfig",
+__all__ = ["ConfigError", "EvalConfig", "GRPOConfig", "LimitsConfig", "ModelSection", "RolloutConfig", "RunConfig",
            "SFTConfig", "load_run_config"]
 
 
@@ -72,13 +72,27 @@ class RolloutConfig(_Section):
     max_tokens_per_call: int = Field(256, ge=1)
 
 
+class EvalConfig(_Section):
+    """Held-out evaluation DURING training (``every`` > 0): pass@1/pass@k of the current weights
+    on the task set's held-out split, through the same workers, written into the iteration's
+    metrics record as ``heldout_*`` (iteration 0 = the starting checkpoint). Measured only:
+    nothing in the run reads it back (never tune on the held-out split)."""
+
+    every: int = Field(0, ge=0)  # iterations between evaluations; 0 = never
+    k: int = Field(4, ge=1)  # samples per task (pass@k; pass@1 is estimated from all k)
+    max_tasks: int | None = Field(None, ge=1)  # the first N held-out tasks (None: all)
+    temperature: float = Field(1.0, ge=0.0)
+
+
 class SFTConfig(_Section):
     lr: float = Field(1e-3, gt=0.0)
     batch: int = Field(4, ge=1)
     max_epochs: int = Field(20, ge=1)
     eval_every: int = Field(10, ge=1)  # steps between held-out evaluations
     patience: int = Field(3, ge=1)  # evaluations without improvement before stopping
-    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)  # of the train-split TASKS (split before recording)
+    demos_per_task: int = Field(1, ge=1)  # demonstrations recorded per task, each in a randomly drawn style
+    max_steps: int | None = Field(None, ge=1)  # stop after this many optimizer steps (None: epochs and patience)
 
 
 class RunConfig(_Section):
@@ -97,6 +111,7 @@ class RunConfig(_Section):
     limits: LimitsConfig = LimitsConfig()
     rollout: RolloutConfig = RolloutConfig()
     sft: SFTConfig = SFTConfig()
+    eval: EvalConfig = EvalConfig()
 
     @model_validator(mode="after")
     def _check(self) -> RunConfig:

@@ -121,14 +121,19 @@ class RaySource:
         ray.get(self.inference.load_weights.remote(state_dict, version))
         self.version = version
 
-    def collect(self, task_ids: Sequence[str], *, iteration: int, group_size: int) -> list[Rollout]:
+    def collect(self, task_ids: Sequence[str], *, iteration: int, group_size: int, run_id: str | None = None,
+                temperature: float | None = None, seed_offset: int = 0) -> list[Rollout]:
+        """``group_size`` scored, persisted rollouts of each task. ``run_id``/``temperature``
+        override the source's for these rollouts (held-out evaluation is logged under its own
+        run id); ``seed_offset`` separates their sampling seeds from training's."""
         from rl.rollout.worker import RolloutJob, run_rollouts
 
         unknown = [t for t in task_ids if t not in self.envs]
         if unknown:
             raise DriverError(f"tasks {unknown[:3]} are not in this run's task set")
-        jobs = [RolloutJob(self.envs[t], self.run_id, iteration, g,
-                           seed=(self.seed * 1_000_003 + iteration * 10_007 + i * 101 + g) % 2**31)
+        jobs = [RolloutJob(self.envs[t], run_id or self.run_id, iteration, g,
+                           seed=(self.seed * 1_000_003 + iteration * 10_007 + i * 101 + g + seed_offset) % 2**31,
+                           temperature=temperature)
                 for i, t in enumerate(task_ids) for g in range(group_size)]
         rollouts = asyncio.run(run_rollouts(self.workers, jobs))
         for r in rollouts:
@@ -193,12 +198,14 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
     from rl.train.loop import run_loop
 
     tasks = load_split(cfg.tasks, Split.TRAIN)
+    heldout = load_split(cfg.tasks, Split.HELDOUT)[: cfg.eval.max_tasks] if cfg.eval.every > 0 else []
     model, tok, profile = _checkpoint_and_profile(cfg)
     log = _open(log)
     _run_started(log, cfg)
     started = not ray.is_initialized()
     init_ray(cfg.rollout.address)
-    source = RaySource(Path(cfg.model.init or ""), tasks, run_id=cfg.name, store_root=Path(cfg.out_dir) / "workspaces",
+    source = RaySource(Path(cfg.model.init or ""), [*tasks, *heldout], run_id=cfg.name,
+                       store_root=Path(cfg.out_dir) / "workspaces",
                        log=log, limits=_limits(cfg.limits), workers=cfg.rollout.workers,
                        max_tokens=cfg.rollout.max_tokens_per_call, temperature=cfg.rollout.temperature,
                        seed=cfg.seed, on_rollout=on_rollout)
@@ -208,10 +215,15 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
         if progress is not None:
             progress(record)
 
+    def evaluate_heldout(iteration: int) -> dict[str, float]:
+        return heldout_metrics(source, [t.id for t in heldout], iteration=iteration, k=cfg.eval.k,
+                               temperature=cfg.eval.temperature, run_id=f"{cfg.name}/heldout")
+
     status = "failed"
     try:
         res = run_loop(cfg, model=model, tokenizer=tok, profile=profile, task_ids=[t.id for t in tasks],
-                       source=source, resume=resume, stop_after=stop_after, progress=on_iteration)
+                       source=source, resume=resume, stop_after=stop_after, progress=on_iteration,
+                       evaluate=evaluate_heldout if heldout else None)
         status = "finished" if res.iterations_done >= cfg.iterations else "stopped"
         return res
     finally:
@@ -220,6 +232,27 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
         source.close()
         if started:
             ray.shutdown()
+
+
+HELDOUT_KEYS = ("success_rate", "tokens_per_solved", "parallel_call_share", "blind_edit_rate", "malformed_call_rate",
+                "tool_calls_per_model_call", "rollout_model_calls", "rollout_sampled_tokens", "status_infra_error")
+
+
+def heldout_metrics(source: RaySource, task_ids: Sequence[str], *, iteration: int, k: int, temperature: float,
+                    run_id: str, batch_rollouts: int = 32) -> dict[str, float]:
+    """Held-out pass@1/pass@k and behaviour of the source's current weights, as ``heldout_*``
+    keys (the loop merges them into the iteration's record). Sampling seeds are disjoint from
+    training's; the rollouts are persisted under ``run_id``."""
+    rollouts: list[Rollout] = []
+    per = max(1, batch_rollouts // k)
+    for i in range(0, len(task_ids), per):
+        rollouts += source.collect(task_ids[i: i + per], iteration=iteration, group_size=k, run_id=run_id,
+                                   temperature=temperature, seed_offset=7_777_777 + i)
+    res = summarise(rollouts, k, "heldout")
+    out = {"heldout_pass_at_1": res.pass_at_1, f"heldout_pass_at_{k}": res.pass_at_k,
+           "heldout_tasks": float(res.tasks)}
+    out |= {f"heldout_{key}": float(res.behaviour[key]) for key in HELDOUT_KEYS if key in res.behaviour}
+    return out
 
 
 def _run_started(log: Any, cfg: RunConfig) -> None:

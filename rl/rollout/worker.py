@@ -76,6 +76,7 @@ class RolloutJob:
     iteration: int
     sample: int
     seed: int | None = None
+    temperature: float | None = None  # None: the worker's (held-out evaluation may sample differently)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +155,7 @@ class RolloutRunner:
         timed = _Timed(self.completer)
         policy = TokenInTokenOutPolicy(
             timed, self.tokenizer, prompt_profile=self.profile, max_tokens=self.config.max_tokens,
-            temperature=self.config.temperature, seed=job.seed, return_routes=self.config.return_routes,
+            temperature=self.config.temperature if job.temperature is None else job.temperature, seed=job.seed, return_routes=self.config.return_routes,
         )
         sink = ListSink()
         try:

@@ -134,6 +134,14 @@ class Grader(_Model):
     def _paths(cls, v: list[str]) -> list[str]:
         return [_rel_path(p) for p in v]
 
+    @property
+    def agent_command(self) -> str:
+        """The command as an agent inside the workspace sandbox would type it: ``{python}`` is
+        ``python3`` (the sandbox's ``/usr/bin/python3``). Used by demonstrations; not
+        guaranteed to pass for ``interpreter: project`` tasks unless the agent's sandbox sees
+        the project's Python (``FLYWHEEL_SANDBOX_EXTRA_RO``) — grading never uses it."""
+        return self.command.replace("{python}", "python3")
+
 
 class Task(_Model):
     id: str

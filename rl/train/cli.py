@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -75,7 +76,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from agent.model.checkpoint import CheckpointError, load_checkpoint, load_profile, save_checkpoint
     from rl.config import ConfigError, SFTConfig, load_run_config
     from rl.tasks.spec import TaskFileError, load_tasks
-    from rl.train.demos import STYLES, demo_segments, demo_task_from_patch, record_demo
+    from rl.train.demos import record_task_demos
     from rl.train.metrics import append_metrics
     from rl.train.sft import train_sft
     from rl.types import Split
@@ -92,41 +93,38 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         return _fail("sft", str(exc))
     if not tasks:
         return _fail("sft", f"{args.tasks} has no train-split tasks")
-    from rl.tasks.workspaces import materialise
-
-    store = WorkspaceStore(args.out.parent / (args.out.name + ".workspaces"))
-    examples, skipped = [], 0
+    # split by TASK before recording, so no task has demonstrations on both sides of early stopping
+    tasks = list(tasks)
+    random.Random(args.seed).shuffle(tasks)
+    n_held = max(1, int(len(tasks) * sft_cfg.heldout_fraction))
+    if len(tasks) - n_held < 1:
+        return _fail("sft", f"{args.tasks} has {len(tasks)} train-split task(s): SFT needs at least 2")
+    store_dir = args.out.parent / (args.out.name + ".workspaces")
+    store = WorkspaceStore(store_dir)
     bar = tqdm(total=len(tasks), desc="recording demonstrations", unit="task", file=sys.stderr)
-    for i, task in enumerate(tasks):
-        bar.update(1)
-        try:
-            demo_task = demo_task_from_patch(task.id, task.request, task.reference_patch, task.grader.command,
-                                             extra_reads=task.grader.test_files)
-        except ValueError:
-            skipped += 1
-            continue
-        style = STYLES[i % len(STYLES)]
-        ws = materialise(task, store)
-        try:
-            demo = asyncio.run(record_demo(demo_task, style, ws, sandbox, profile=profile, seed=args.seed + i,
-                                           fail_blind=style == "blind" and i % 2 == 0))
-        finally:
-            ws.delete()
-        segs = demo_segments(demo, tok)
-        if sum(len(s.token_ids) for s in segs) <= model.cfg.max_seq_len:
-            examples.append(segs)
-        else:
-            skipped += 1
-    bar.close()
-    if len(examples) < 2:
-        return _fail("sft", f"only {len(examples)} demonstrations fit the model's context ({skipped} skipped)")
-    random.Random(args.seed).shuffle(examples)
-    n_held = max(1, int(len(examples) * sft_cfg.heldout_fraction))
+    try:
+        sets = [record_task_demos(part, tok, profile=profile, sandbox=sandbox, store=store,
+                                  max_len=model.cfg.max_seq_len, per_task=sft_cfg.demos_per_task, seed=args.seed,
+                                  progress=lambda: bar.update(1))
+                for part in (tasks[n_held:], tasks[:n_held])]
+    finally:
+        bar.close()
+        shutil.rmtree(store_dir, ignore_errors=True)
+    train_demos, held_demos = sets
+    skipped = train_demos.skipped + held_demos.skipped
+    if not train_demos.examples or not held_demos.examples:
+        return _fail("sft", f"{len(train_demos.examples)} training and {len(held_demos.examples)} held-out "
+                            f"demonstrations fit the model's context ({skipped} skipped: "
+                            f"{train_demos.no_patch + held_demos.no_patch} without an editable patch, "
+                            f"{train_demos.too_long + held_demos.too_long} too long)")
+    examples = train_demos.examples + held_demos.examples
+    print(f"demonstrations: {len(train_demos.examples)} training, {len(held_demos.examples)} held-out; styles "
+          f"{dict(sorted(train_demos.styles.items()))}; {skipped} skipped", file=sys.stderr)
     torch.manual_seed(args.seed)
     curve_path = args.out / "sft_curve.jsonl"
     args.out.mkdir(parents=True, exist_ok=True)
     curve_path.write_text("")
-    res = train_sft(model, examples[n_held:], examples[:n_held], sft_cfg, pad_id=tok.pad_id, seed=args.seed,
+    res = train_sft(model, train_demos.examples, held_demos.examples, sft_cfg, pad_id=tok.pad_id, seed=args.seed,
                     progress=lambda p: print(f"step {int(p['step'])}: train {p['train_loss']:.4f} "
                                              f"held-out {p['heldout_loss']:.4f}", file=sys.stderr))
     for point in res.curve:

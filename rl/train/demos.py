@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -33,10 +33,13 @@ from rl.types import Segment
 
 if TYPE_CHECKING:
     from agent.model.tokenizer import Tokenizer
+    from rl.tasks.spec import Task
+    from tools.workspace import WorkspaceStore
     from agent.prompt import PromptProfile, RenderedPrompt
     from tools.protocols import Sandbox, Workspace
 
-__all__ = ["DemoTask", "Edit", "STYLES", "demo_segments", "demo_task_from_patch", "record_demo", "scripted_outputs"]
+__all__ = ["DemoSet", "DemoTask", "Edit", "STYLES", "demo_segments", "demo_task_from_patch", "record_demo",
+           "record_task_demos", "scripted_outputs"]
 
 Style = Literal["parallel", "sequential", "search", "blind"]
 STYLES: tuple[Style, ...] = ("parallel", "sequential", "search", "blind")
@@ -192,3 +195,64 @@ def demo_segments(demo: Demonstration, tokenizer: Tokenizer) -> list[Segment]:
                                  f"prompt {k + 1} plus its output")
             segments.append(Segment(tokenizer.encode(nxt[len(prefix):]), sampled=False))
     return segments
+
+
+@dataclass
+class DemoSet:
+    """Tokenised demonstrations (one list of segments each) and what was left out and why."""
+
+    examples: list[list[Segment]] = field(default_factory=list)
+    styles: dict[str, int] = field(default_factory=dict)  # style -> demonstrations kept
+    no_patch: int = 0  # tasks whose reference patch an edit_file cannot express
+    too_long: int = 0  # demonstrations longer than the model's context
+
+    @property
+    def skipped(self) -> int:
+        return self.no_patch + self.too_long
+
+
+def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: PromptProfile,
+                      sandbox: Sandbox | None, store: WorkspaceStore, max_len: int, per_task: int = 1,
+                      seed: int = 0, progress: Callable[[], None] | None = None) -> DemoSet:
+    """``per_task`` demonstrations of each task, each in a style drawn from
+    ``random.Random(f"{seed}:{task.id}:{k}")`` (uniform over :data:`STYLES`; a blind one fails
+    its first edit half the time), recorded on a fresh fork of the task's start and tokenised.
+    The test command is the one an agent would type (:attr:`rl.tasks.spec.Grader.agent_command`).
+
+    Styles are drawn per demonstration, not by task position, so that no task family is tied to
+    one style. Not guaranteed: that every demonstration's tests pass (see the module docstring)."""
+    import asyncio
+
+    from rl.tasks.workspaces import materialise
+
+    out = DemoSet()
+    for task in tasks:
+        if progress is not None:
+            progress()
+        try:
+            demo_task = demo_task_from_patch(task.id, task.request, task.reference_patch,
+                                             task.grader.agent_command, extra_reads=task.grader.test_files)
+        except ValueError:
+            out.no_patch += 1
+            continue
+        base = materialise(task, store)
+        try:
+            for k in range(per_task):
+                rng = random.Random(f"{seed}:{task.id}:{k}")
+                style = rng.choice(STYLES)
+                ws = base.fork()
+                try:
+                    demo = asyncio.run(record_demo(demo_task, style, ws, sandbox, profile=profile,
+                                                   seed=rng.randrange(1 << 30),
+                                                   fail_blind=style == "blind" and rng.random() < 0.5))
+                finally:
+                    ws.delete()
+                segs = demo_segments(demo, tokenizer)
+                if sum(len(s.token_ids) for s in segs) > max_len:
+                    out.too_long += 1
+                    continue
+                out.examples.append(segs)
+                out.styles[style] = out.styles.get(style, 0) + 1
+        finally:
+            base.delete()
+    return out

@@ -78,13 +78,19 @@ def next_tasks(task_ids: Sequence[str], n: int, *, seed: int, order: list[str], 
 
 def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_ids: Sequence[str],
              source: RolloutSource, resume: bool = True, stop_after: int | None = None,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> LoopResult:
+             progress: Callable[[dict[str, Any]], None] | None = None,
+             evaluate: Callable[[int], dict[str, float]] | None = None) -> LoopResult:
     """Train ``model`` for ``cfg.iterations`` iterations (or stop after ``stop_after`` more).
 
     ``progress`` is called with each iteration's record (the CLI draws its bar from it).
     Metrics go to ``OUT/metrics.jsonl`` and ``OUT/curves.png`` (both rewritten after every
     iteration, so a killed run keeps its curves); checkpoints to
     ``OUT/checkpoints`` every ``cfg.checkpoint_every`` iterations and after the last.
+
+    ``evaluate(iteration)`` (held-out metrics of the weights just published, keys
+    ``heldout_*``) runs when ``cfg.eval.every`` > 0: before the first iteration of a fresh run
+    (a record of its own, ``iteration`` 0) and after every ``cfg.eval.every``-th iteration and
+    the last, merged into that iteration's record. Its results never feed the update.
     """
     import numpy as np
     import torch
@@ -115,6 +121,17 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
     sync_s = time.perf_counter() - t
     records: list[dict[str, Any]] = []
     done_now = 0
+    evaluating = evaluate is not None and cfg.eval.every > 0
+    fresh = not metrics_path.exists() or not any(r.get("iteration") == 0 for r in read_metrics(metrics_path))
+    if evaluating and state.iteration == 0 and fresh:
+        assert evaluate is not None
+        t = time.perf_counter()
+        start = {"iteration": 0, "weights_version": state.weights_version, **evaluate(0),
+                 "time_heldout_eval_s": time.perf_counter() - t}
+        append_metrics(metrics_path, start)
+        records.append(start)
+        if progress is not None:
+            progress(start)
     while state.iteration < cfg.iterations and (stop_after is None or done_now < stop_after):
         tasks, state.task_order, state.task_pos, state.epoch = next_tasks(
             task_ids, cfg.tasks_per_iteration, seed=cfg.seed, order=state.task_order, pos=state.task_pos,
@@ -136,10 +153,15 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
             source.publish(_cpu_state(model), state.weights_version)
         t3 = time.perf_counter()
         timing = _source_timings(source) | _source_counts(source)
+        held: dict[str, float] = {}
+        if evaluating and (state.iteration % cfg.eval.every == 0 or state.iteration == cfg.iterations):
+            assert evaluate is not None
+            t = time.perf_counter()
+            held = {**evaluate(state.iteration), "time_heldout_eval_s": time.perf_counter() - t}
         record = {"iteration": state.iteration, "weights_version": state.weights_version, "tasks": len(tasks),
                   **rollout_metrics(rollouts), **train_m,
                   "time_rollouts_s": t1 - t0, "time_training_s": t2 - t1, "time_weight_sync_s": (t3 - t2) + sync_s,
-                  **timing}
+                  **timing, **held}
         sync_s = 0.0
         append_metrics(metrics_path, record)
         records.append(record)

@@ -45,12 +45,13 @@ _RATIOS = {  # name: (numerator key, denominator key) of Rollout.metrics
 
 PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys drawn on it
     ("success rate", ("success_rate", "heldout_success_rate")),
+    ("held-out pass@1", ("heldout_pass_at_1",)),
     ("mean reward", ("mean_reward",)),
-    ("tokens per solved task", ("tokens_per_solved",)),
-    ("tool calls per model call", ("tool_calls_per_model_call",)),
-    ("share of model calls with >= 2 parallel calls", ("parallel_call_share",)),
-    ("blind-edit rate", ("blind_edit_rate",)),
-    ("malformed-call rate", ("malformed_call_rate",)),
+    ("tokens per solved task", ("tokens_per_solved", "heldout_tokens_per_solved")),
+    ("tool calls per model call", ("tool_calls_per_model_call", "heldout_tool_calls_per_model_call")),
+    ("share of model calls with >= 2 parallel calls", ("parallel_call_share", "heldout_parallel_call_share")),
+    ("blind-edit rate", ("blind_edit_rate", "heldout_blind_edit_rate")),
+    ("malformed-call rate", ("malformed_call_rate", "heldout_malformed_call_rate")),
     ("model calls per rollout", ("rollout_model_calls",)),
     ("rollout wall time (s)", ("rollout_wall_s_p50", "rollout_wall_s_p90", "rollout_wall_s_max")),
     ("time split (s)", ("time_generation_s", "time_tools_s", "time_grading_s", "time_training_s",

@@ -9,6 +9,8 @@
   ``patience`` evaluations without a new best the run stops, and the weights of the best
   evaluation are restored — the honest start RL is measured against. The curve (step,
   train loss, held-out loss) is returned and written by the caller.
+* Budget: at most ``max_epochs`` epochs and, when set, ``max_steps`` optimizer steps (the
+  last step is always evaluated).
 * Data order: shuffled per epoch by ``random.Random(seed + epoch)``.
 
 Not guaranteed: that the held-out loss ever improves (a model too small for the data
@@ -93,7 +95,8 @@ def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout
             opt.step()
             step += 1
             recent.append(float(loss.detach()))
-            if step % cfg.eval_every:
+            last = cfg.max_steps is not None and step >= cfg.max_steps
+            if step % cfg.eval_every and not last:
                 continue
             held = evaluate()
             point = {"step": float(step), "train_loss": sum(recent) / len(recent), "heldout_loss": held}
@@ -109,7 +112,9 @@ def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout
                 if bad >= cfg.patience:
                     result.stopped_early = True
                     break
-        if result.stopped_early:
+            if last:
+                break
+        if result.stopped_early or (cfg.max_steps is not None and step >= cfg.max_steps):
             break
     result.steps = step
     model.load_state_dict(best_state)

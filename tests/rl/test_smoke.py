@@ -138,7 +138,7 @@ def test_smoke_flywheel_rl_train_cli_records_the_run_in_the_session_log(
         "name": "smoke-cli", "out_dir": str(tmp_path / "run"), "tasks": str(tasks), "iterations": 1,
         "tasks_per_iteration": 2, "model": {"preset": "tiny", "init": str(sft)}, "grpo": {"group_size": 2},
         "limits": {"max_model_calls": 2, "max_output_tokens": 96, "max_wall_s": 60},
-        "rollout": {"max_tokens_per_call": 48}}))
+        "rollout": {"max_tokens_per_call": 48}, "eval": {"every": 1, "k": 1, "max_tasks": 1}}))
     rc = main(["rl", "train", "--config", str(cfg)])
     out = capsys.readouterr()
     assert rc == 0, out.err
@@ -147,8 +147,15 @@ def test_smoke_flywheel_rl_train_cli_records_the_run_in_the_session_log(
     db = sqlite3.connect(tmp_path / "data" / "flywheel.db")
     try:
         rows = db.execute("SELECT rl_run, rl_status FROM sessions WHERE kind = 'rl'").fetchall()
-        assert len(rows) == 4 and {r[0] for r in rows} == {"smoke-cli"} and all(r[1] for r in rows)
+        runs = [r[0] for r in rows]
+        # 1 iteration x 2 tasks x G=2 training rollouts; 1 held-out task x k=1 at the start and after iteration 1
+        assert runs.count("smoke-cli") == 4 and runs.count("smoke-cli/heldout") == 2 and len(rows) == 6
+        assert all(r[1] for r in rows)
         assert db.execute("SELECT status FROM rl_runs WHERE id = 'smoke-cli'").fetchall() == [("finished",)]
-        assert db.execute("SELECT iteration FROM rl_iterations WHERE run_id = 'smoke-cli'").fetchall() == [(1,)]
+        assert db.execute("SELECT iteration FROM rl_iterations WHERE run_id = 'smoke-cli' ORDER BY iteration"
+                          ).fetchall() == [(0,), (1,)]
+        recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["iteration"] for r in recs] == [0, 1]
+        assert all(0.0 <= r["heldout_pass_at_1"] <= 1.0 and r["heldout_tasks"] == 1 for r in recs)
     finally:
         db.close()

@@ -106,3 +106,32 @@ def test_task_order_is_epoch_shuffled_and_wraps() -> None:
     assert sorted(order) == ids and picked == order[:2] and pos == 2 and epoch == 0
     picked2, order2, pos2, epoch2 = next_tasks(ids, 2, seed=0, order=order, pos=pos, epoch=epoch)
     assert picked2[0] == order[2] and epoch2 == 1 and pos2 == 1 and sorted(order2) == ids
+
+
+def test_heldout_evaluation_runs_at_the_start_every_n_iterations_and_at_the_end(tmp_path: Path,
+                                                                               tok: Tokenizer) -> None:
+    seen: list[tuple[int, int]] = []  # (iteration asked, weights version the source held)
+    source = ToySource(tok.vocab_size)
+
+    def evaluate(iteration: int) -> dict[str, float]:
+        seen.append((iteration, source.version))
+        return {"heldout_pass_at_1": iteration / 10}
+
+    cfg = RunConfig.model_validate({"out_dir": str(tmp_path), "iterations": 3, "tasks_per_iteration": 2, "lr": 1e-2,
+                                    "seed": 3, "grpo": {"group_size": 4, "norm_tokens": 4}, "eval": {"every": 2}})
+    run_loop(cfg, model=tiny_model(seed=1, vocab_size=tok.vocab_size), tokenizer=tok,
+             profile=profile_named("compact"), task_ids=["a", "b", "c"], source=source, evaluate=evaluate)
+    # iteration 0 before any update, then every 2nd, then the last; always on the published weights
+    assert [it for it, _ in seen] == [0, 2, 3]
+    assert [v for _, v in seen] == [0, 2, 3]
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in recs] == [0, 1, 2, 3]
+    assert [r.get("heldout_pass_at_1") for r in recs] == [0.0, None, 0.2, 0.3]
+    assert "loss" not in recs[0] and "loss" in recs[1]
+
+    # a resumed run does not evaluate the start again
+    seen.clear()
+    cfg4 = cfg.model_copy(update={"iterations": 4})
+    run_loop(cfg4, model=tiny_model(seed=1, vocab_size=tok.vocab_size), tokenizer=tok,
+             profile=profile_named("compact"), task_ids=["a", "b", "c"], source=source, evaluate=evaluate)
+    assert [it for it, _ in seen] == [4]
