@@ -147,7 +147,7 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
         "installed packages) plus synthetic tool-call transcripts. Trains the tokenizer first unless "
         "--tokenizer is given or OUT already has one. Writes OUT/metrics.jsonl and a checkpoint in OUT.",
     )
-    t.add_argument("--preset", choices=["tiny", "small", "1b"], default="tiny", help="model size (default tiny)")
+    t.add_argument("--preset", choices=["tiny", "mini", "small", "1b"], default="tiny", help="model size (default tiny)")
     t.add_argument("--steps", type=int, default=300, help="optimizer steps (default 300)")
     t.add_argument("--precision", choices=["fp32", "bf16", "mxfp8"], default="fp32",
                    help="matmul numerics (mxfp8 needs the kernels in kernels/)")

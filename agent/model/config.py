@@ -55,8 +55,9 @@ class ModelConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> ModelConfig:
-        """``tiny`` (~1M params, CPU tests), ``small`` (~10M, CPU training),
-        ``1b`` (~1B total params, GPU).
+        """``tiny`` (~0.5M params, CPU tests), ``mini`` (~2M, the CPU RL experiment:
+        4 layers, enough to copy paths and code from its context), ``small`` (~14M, CPU
+        training), ``1b`` (~1B total params, GPU).
 
         Context (``max_seq_len``): tiny and small hold 1,024 tokens, enough for
         the compact prompt profile's system prompt (~310 tokens with the
@@ -68,6 +69,8 @@ class ModelConfig:
         presets = {
             "tiny": cls(vocab_size=4096, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
                         d_ff=128, max_seq_len=1024),
+            "mini": cls(vocab_size=2048, d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, n_experts=4, top_k=2,
+                        d_ff=256, max_seq_len=2048),
             "small": cls(vocab_size=8192, d_model=256, n_layers=4, n_heads=8, n_kv_heads=4, n_experts=8, top_k=2,
                          d_ff=512, max_seq_len=1024),
             "1b": cls(vocab_size=32768, d_model=1536, n_layers=16, n_heads=16, n_kv_heads=4, n_experts=16, top_k=2,

@@ -106,3 +106,24 @@ async def test_sft_lowers_heldout_loss_and_stops_early(store: tuple[WorkspaceSto
     assert res.curve[0]["step"] == 0 and len(res.curve) >= 3
     assert res.best_heldout_loss < res.curve[0]["heldout_loss"]
     assert res.stopped_early or res.steps == cfg.max_epochs * 3
+
+
+def test_epoch_batches_cover_every_example_once_and_pad_less_than_random() -> None:
+    import random
+
+    from rl.train.sft import _batches
+    from rl.types import Segment
+
+    rng = random.Random(0)
+    examples = [[Segment([1] * rng.randrange(10, 2000), sampled=False)] for _ in range(203)]
+    batches = _batches(examples, 4, random.Random(1))
+    flat = [j for b in batches for j in b]
+    assert sorted(flat) == list(range(203)) and all(1 <= len(b) <= 4 for b in batches)
+
+    def padding(bs: list[list[int]]) -> int:
+        lens = [len(e[0].token_ids) for e in examples]
+        return sum(max(lens[j] for j in b) * len(b) - sum(lens[j] for j in b) for b in bs)
+
+    order = list(range(203))
+    random.Random(1).shuffle(order)
+    assert padding(batches) < padding([order[i: i + 4] for i in range(0, 203, 4)]) / 2
