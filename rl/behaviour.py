@@ -7,7 +7,7 @@ editing, fewer blind edits, fewer tokens):
 * ``model_calls`` — ``assistant_message`` events (one per model call);
 * ``tool_calls`` — ``tool_call_started`` events (valid or not);
   ``tool_calls_per_model_call``;
-* ``parallel_by_step`` — per model call, whether it made two or more tool
+* ``parallel_by_step`` — per model call, whether it made two or more well-formed tool
   calls; ``parallel_share`` is their share of model calls;
 * ``edits`` / ``blind_edits`` — successful ``edit_file``/``write_file`` calls
   on a file that existed, and those of them on a file the rollout had not
@@ -103,7 +103,8 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
             b.tool_calls += 1
             b.malformed_calls += not e.valid
             calls[e.call_id] = (e.name, dict(e.args))
-            per_step[(e.turn, e.step)] = per_step.get((e.turn, e.step), 0) + 1
+            if e.valid:  # a malformed call is not a parallel one: broken calls must not buy the metric
+                per_step[(e.turn, e.step)] = per_step.get((e.turn, e.step), 0) + 1
         elif isinstance(e, ToolResultEvent):
             name, args = calls.get(e.call_id, (e.name, {}))
             if not e.ok:

@@ -53,3 +53,15 @@ def test_read_after_edit_does_not_unblind_it_and_empty_is_zero() -> None:
     b = behaviour(events)
     assert (b.edits, b.blind_edits) == (2, 1)
     assert behaviour([]).metrics()["blind_edit_rate"] == 0.0
+
+
+def test_a_malformed_call_does_not_make_a_model_call_parallel() -> None:
+    events: list[Event] = [
+        AssistantMessage(step=1, text=""),
+        *_call(1, 0, "read_file", {"path": "a.py"}),
+        *_call(1, 1, None, {}, ok=False, valid=False),
+        AssistantMessage(step=2, text=""),
+        *_call(2, 0, "read_file", {"path": "a.py"}),
+        *_call(2, 1, "read_file", {"path": "b.py"}),
+    ]
+    assert behaviour(events).parallel_by_step == [False, True]
