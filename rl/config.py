@@ -70,6 +70,9 @@ class RolloutConfig(_Section):
     address: str | None = None  # a Ray cluster to join; None: ray.init() locally
     temperature: float = Field(1.0, ge=0.0)
     max_tokens_per_call: int = Field(256, ge=1)
+    # paths the AGENT's sandbox shows read-only (e.g. a Python with pytest for real-code tasks);
+    # tasks graded with `interpreter: project` add the project's Python automatically
+    sandbox_extra_ro: list[Path] = Field(default_factory=list)
 
 
 class EvalConfig(_Section):

@@ -94,6 +94,19 @@ def load_split(path: Path | None, split: Split | None) -> list[Task]:
     return tasks
 
 
+def agent_sandbox_paths(tasks: Sequence[Task], extra: Sequence[Path | str] = ()) -> tuple[str, ...]:
+    """What the rollouts' sandbox shows read-only beyond the defaults: ``extra``, plus the
+    project's Python (and the installation it links into) when a task is graded with
+    ``interpreter: project`` — so the agent can run the tests the grader runs. Not
+    guaranteed: that the agent finds that interpreter (its path is not on the sandbox's PATH)."""
+    from rl.tasks.grading import GraderConfig
+
+    paths = [str(p) for p in extra]
+    if any(t.grader.interpreter == "project" for t in tasks):
+        paths += [str(p) for p in GraderConfig().project_ro]
+    return tuple(dict.fromkeys(paths))
+
+
 class RaySource:
     """The production :class:`rl.train.loop.RolloutSource`: one inference actor, ``workers``
     rollout workers, scoring and persistence here. ``close()`` kills the actors."""
@@ -101,7 +114,8 @@ class RaySource:
     def __init__(self, checkpoint: Path, tasks: Sequence[Task], *, run_id: str, store_root: Path, log: RolloutLog,
                  limits: Any, workers: int = 1, max_tokens: int = 256, temperature: float = 1.0,
                  seed: int = 0, inference_cpus: float = 1.0, worker_cpus: float = 0.5,
-                 on_rollout: Callable[[Rollout], None] | None = None) -> None:
+                 on_rollout: Callable[[Rollout], None] | None = None,
+                 sandbox_extra_ro: Sequence[Path | str] = ()) -> None:
         from rl.rollout.inference import start_inference
         from rl.rollout.worker import WorkerConfig, start_workers
 
@@ -109,7 +123,8 @@ class RaySource:
         self.run_id, self.log, self.seed, self.on_rollout = run_id, log, seed, on_rollout
         self.inference = start_inference(checkpoint, num_cpus=inference_cpus, max_slots=32, threads=1)
         config = WorkerConfig(store_root=str(store_root), limits=limits, max_tokens=max_tokens,
-                              temperature=temperature)
+                              temperature=temperature,
+                              sandbox_extra_ro=agent_sandbox_paths(tasks, sandbox_extra_ro))
         self.workers = start_workers(workers, config, self.inference, num_cpus=worker_cpus)
         self.last_timings: dict[str, float] = {}  # seconds summed over the iteration's rollouts
         self.last_counts: dict[str, float] = {}  # merged into the iteration's metrics record as they are
@@ -208,7 +223,8 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
                        store_root=Path(cfg.out_dir) / "workspaces",
                        log=log, limits=_limits(cfg.limits), workers=cfg.rollout.workers,
                        max_tokens=cfg.rollout.max_tokens_per_call, temperature=cfg.rollout.temperature,
-                       seed=cfg.seed, on_rollout=on_rollout)
+                       seed=cfg.seed, on_rollout=on_rollout, sandbox_extra_ro=cfg.rollout.sandbox_extra_ro)
+
     def on_iteration(record: dict[str, Any]) -> None:
         if hasattr(log, "record_iteration"):
             log.record_iteration(cfg.name, int(record["iteration"]), _finite(record))
@@ -325,7 +341,8 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
              log: RolloutLog | Callable[[], RolloutLog] | None = None, limits: Any = None, temperature: float = 1.0, max_tokens: int = 256,
              store_root: Path, seed: int = 0, run_id: str = "eval", address: str | None = None,
              on_rollout: Callable[[Rollout], None] | None = None,
-             progress: Callable[[int], None] | None = None) -> EvalResult:
+             progress: Callable[[int], None] | None = None,
+             sandbox_extra_ro: Sequence[Path | str] = ()) -> EvalResult:
     """pass@1/pass@k of ``checkpoint`` (Ray workers) or ``openai`` (an ``OpenAIConfig``; in process).
     ``progress(n)`` is called as each batch of ``n`` rollouts is scored (a checkpoint's rollouts
     run ~16 at a time, so the bar moves; an OpenAI model's all at once)."""
@@ -357,7 +374,8 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
     init_ray(address)
     assert checkpoint is not None
     source = RaySource(checkpoint, tasks, run_id=run_id, store_root=store_root, log=log, limits=lim,
-                       max_tokens=max_tokens, temperature=temperature, seed=seed, on_rollout=on_rollout)
+                       max_tokens=max_tokens, temperature=temperature, seed=seed, on_rollout=on_rollout,
+                       sandbox_extra_ro=sandbox_extra_ro)
     rollouts = []
     per_batch = max(1, 16 // k)
     try:
@@ -408,6 +426,12 @@ def run_eval(args: Any, *, log: RolloutLog | Callable[[], RolloutLog] | None = N
     from rl.config import LimitsConfig
 
     tasks = load_split(args.tasks, Split(args.split))
+    limits_cfg, extra_ro = LimitsConfig(), []
+    if getattr(args, "config", None) is not None:
+        from rl.config import load_run_config
+
+        run_cfg = load_run_config(args.config)
+        limits_cfg, extra_ro = run_cfg.limits, run_cfg.rollout.sandbox_extra_ro
     openai = None
     if args.policy == "openai":
         from agent.policies.openai_compat import OpenAIConfig
@@ -419,7 +443,8 @@ def run_eval(args: Any, *, log: RolloutLog | Callable[[], RolloutLog] | None = N
     bar = tqdm(total=len(tasks) * args.k, desc=f"rl eval {args.split}", unit="rollout", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="flywheel-eval-") as tmp:
         res = evaluate(tasks, k=args.k, checkpoint=args.checkpoint if openai is None else None, openai=openai,
-                       log=log, limits=_limits(LimitsConfig()), temperature=args.temperature,
+                       log=log, limits=_limits(limits_cfg), temperature=args.temperature,
+                       sandbox_extra_ro=extra_ro,
                        max_tokens=args.max_tokens, store_root=Path(tmp), seed=args.seed,
                        address=getattr(args, "address", None), progress=bar.update)
     bar.close()

@@ -61,6 +61,9 @@ def add_commands(sub: argparse._SubParsersAction, *, make_log: Callable[[], Any]
     e.add_argument("--max-tokens", type=int, default=256, help="per model call")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--address", help="join this Ray cluster (default: ray.init() locally)")
+    e.add_argument("--config", type=Path,
+                   help="a run config whose `limits:` (model calls, output tokens, wall time) and "
+                        "`rollout.sandbox_extra_ro` the evaluation uses (default: the config defaults)")
     e.set_defaults(func=_cmd_eval, make_log=make_log)
 
 

@@ -164,3 +164,31 @@ def test_a_grader_that_cannot_run_excludes_the_rollout_and_counts_it(ray_session
     assert {s["tags"]["status"] for s in log.sessions.values()} == {"infra_error"}
     sel = select_rollouts(rollouts, GRPOConfig(group_size=2))
     assert sel.n_infra_excluded == 2 and not sel.rows
+
+
+def test_eval_takes_its_limits_from_a_run_config(tasks: Path, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))
+    server = ScriptedChatServer(["Let me look.", "Still looking.", "Done."])
+    cfg = _config(tmp_path, limits={"max_model_calls": 1, "max_output_tokens": 64, "max_wall_s": 30})
+    with server.running():
+        rc = main(["rl", "eval", "--policy", "openai", "--base-url", server.base_url, "--model", "m",
+                   "--tasks", str(tasks), "--split", "heldout", "-k", "1", "--config", str(cfg)])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert len(server.requests) == 1  # the config's one model call, not the default eight
+    assert main(["rl", "eval", "--policy", "openai", "--base-url", "http://127.0.0.1:9", "--model", "m",
+                 "--tasks", str(tasks), "--config", str(_config(tmp_path, limits={"max_calls": 1}))]) == 2
+    assert "unknown key 'limits.max_calls'" in capsys.readouterr().err
+
+
+def test_project_graded_tasks_show_the_project_python_to_the_agent(tasks: Path) -> None:
+    from rl.rollout.driver import agent_sandbox_paths
+    from rl.tasks.grading import GraderConfig
+
+    ts = load_tasks(tasks)
+    assert agent_sandbox_paths(ts) == ()
+    assert agent_sandbox_paths(ts, ["/opt/x"]) == ("/opt/x",)
+    project = ts[0].model_copy(update={"grader": ts[0].grader.model_copy(update={"interpreter": "project"})})
+    got = agent_sandbox_paths([project, *ts], ["/opt/x"])
+    assert got[0] == "/opt/x" and set(got[1:]) == {str(p) for p in GraderConfig().project_ro}
