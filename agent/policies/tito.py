@@ -15,6 +15,11 @@ each model call:
    with their template markers) and sends ``held tokens + suffix ids`` to the
    engine, whose prefix cache then computes only the suffix.
 
+Both steps are :func:`next_prompt_suffix`, the one implementation of the rule:
+the SFT demonstrations (``rl.train.demos``) use it too, with
+:func:`scripted_output_ids` for the sampled ids, so SFT trains on the token
+sequences this policy builds.
+
 End-of-message markers: the engine's sampled ids include the token that
 ended the message (see :mod:`agent.model.engine`); their text beyond the
 message (the *tail*, normally ``"\\n<|end|>"``) is what the rendered prompt
@@ -40,7 +45,7 @@ two conversations (one policy per session).
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +72,80 @@ class TokenSegment:
 _MESSAGE_END = "\n" + CHAT_TEMPLATE.end.rstrip("\n")  # what the template puts after an assistant message
 
 
+@dataclass(frozen=True, slots=True)
+class PromptSuffix:
+    """What a rendered prompt adds to the token sequence after a model call (:func:`next_prompt_suffix`)."""
+
+    text: str  # to tokenise on its own and append (may be empty)
+    marker_fixup: bool  # the model's own end marker stood in for the template's ``"\n<|end|>"``
+
+
+def next_prompt_suffix(prev_prompt: str, output: str, tail: str, next_prompt: str, *,
+                       markers: Sequence[str] | None = None) -> PromptSuffix:
+    """The one rule for extending a token sequence with the next rendered prompt.
+
+    ``prev_prompt`` is the previous model call's rendered prompt, ``output`` the message the
+    model produced for it (its streamed text), ``tail`` the text its sampled ids decode to
+    beyond ``output`` (:func:`output_tail`: normally ``"\\n<|end|>"``, empty for a message cut
+    by the token limit). ``next_prompt`` must start with ``prev_prompt + output``; then:
+
+    * if it continues with ``tail``, the suffix is what follows ``tail`` (the sampled end
+      marker is the template's: neither duplicated nor dropped);
+    * else if ``tail`` ends with one of ``markers`` (default: the tokenizer's special tokens)
+      and it continues with the template's ``"\\n<|end|>"``, the suffix is what follows that,
+      with ``marker_fixup`` set (the model's own marker stands for the template's);
+    * else :class:`PolicyError`, saying where the texts part — never a silent re-tokenisation.
+
+    Used by :class:`TokenInTokenOutPolicy` at every model call and by the SFT demonstrations
+    (``rl.train.demos.demo_segments``), so that SFT trains on the sequences the RL sampler
+    builds. Not guaranteed: that the suffix tokenises at a token boundary; the template puts a
+    special token (where the tokenizer always splits) at every boundary this rule produces.
+    """
+    if markers is None:
+        from agent.model.tokenizer import SPECIAL_TOKENS
+
+        markers = SPECIAL_TOKENS
+    held = prev_prompt + output
+    if not next_prompt.startswith(held):
+        at = next((i for i, (a, b) in enumerate(zip(next_prompt, held)) if a != b), min(len(next_prompt), len(held)))
+        raise PolicyError(
+            f"token-in/token-out: the rendered prompt does not extend the previous prompt and the model's "
+            f"output (first difference at character {at}: expected {held[at:at + 40]!r}, got "
+            f"{next_prompt[at:at + 40]!r}); the prompt rendering must be append-only (same profile and tools). "
+            "Start a new policy for a new conversation"
+        )
+    cont = next_prompt[len(held) :]
+    if cont.startswith(tail):
+        return PromptSuffix(cont[len(tail) :], marker_fixup=False)
+    if any(tail.endswith(m) for m in markers) and cont.startswith(_MESSAGE_END):
+        return PromptSuffix(cont[len(_MESSAGE_END) :], marker_fixup=True)
+    raise PolicyError(
+        f"token-in/token-out: the model's message ended with {tail!r}, which the rendered "
+        f"prompt does not continue with (it continues {cont[:40]!r}); cannot extend the token "
+        "sequence without re-tokenising"
+    )
+
+
+def output_tail(tokenizer: Any, token_ids: Sequence[int], text: str) -> str:
+    """The text ``token_ids`` decode to beyond the message ``text`` (its end marker, normally
+    ``"\\n<|end|>"``). Raises :class:`PolicyError` if they do not decode to ``text`` first."""
+    decoded = tokenizer.decode(token_ids)
+    if not decoded.startswith(text):
+        raise PolicyError(
+            f"token-in/token-out policy: the sampled ids decode to {decoded[:60]!r}, which does not start "
+            f"with the streamed text {text[:60]!r}"
+        )
+    return decoded[len(text) :]
+
+
+def scripted_output_ids(text: str, tokenizer: Any) -> list[int]:
+    """The ids a scripted model "samples" for the message ``text``: ``text + "\\n"`` encoded, then
+    ``<|end|>`` — what a model that ended the message with the template's marker produced.
+    Shared by :class:`ScriptedCompleter` and the SFT demonstrations. Not guaranteed: that a real
+    model tokenises its own messages this way (BPE has several encodings of one text)."""
+    return [*tokenizer.encode(text + "\n"), tokenizer.end_id]
+
+
 class TokenInTokenOutPolicy:
     name = "tito"
 
@@ -86,7 +165,8 @@ class TokenInTokenOutPolicy:
         self._specials = special_tokens or SPECIAL_TOKENS
         self.segments: list[TokenSegment] = []
         self.held: list[int] = []  # every token the engine consumed or produced, in order
-        self._text = ""  # the rendered text the held tokens stand for, up to the end of the last message
+        self._prompt_text = ""  # the last rendered prompt
+        self._output_text = ""  # the model's message in answer to it (its streamed text)
         self._tail = ""  # the text of the sampled ids beyond the message (its end marker)
         self._routes: list[list[list[int]]] = []  # per consumed position, when return_routes
         self.model_calls = 0
@@ -98,27 +178,9 @@ class TokenInTokenOutPolicy:
     def _new_ids(self, text: str) -> list[int]:
         if not self.held:
             return list(self.tokenizer.encode(text))
-        if not text.startswith(self._text):
-            at = next((i for i, (a, b) in enumerate(zip(text, self._text)) if a != b), min(len(text), len(self._text)))
-            raise PolicyError(
-                f"token-in/token-out: the rendered prompt does not extend the previous prompt and the model's "
-                f"output (first difference at character {at}: expected {self._text[at:at + 40]!r}, got "
-                f"{text[at:at + 40]!r}); the prompt rendering must be append-only (same profile and tools). "
-                "Start a new policy for a new conversation"
-            )
-        cont = text[len(self._text) :]
-        if cont.startswith(self._tail):
-            rest = cont[len(self._tail) :]
-        elif any(self._tail.endswith(m) for m in self._specials) and cont.startswith(_MESSAGE_END):
-            rest = cont[len(_MESSAGE_END) :]  # the model's own marker stands for the template's
-            self.marker_fixups += 1
-        else:
-            raise PolicyError(
-                f"token-in/token-out: the model's message ended with {self._tail!r}, which the rendered "
-                f"prompt does not continue with (it continues {cont[:40]!r}); cannot extend the token "
-                "sequence without re-tokenising"
-            )
-        return list(self.tokenizer.encode(rest)) if rest else []
+        suffix = next_prompt_suffix(self._prompt_text, self._output_text, self._tail, text, markers=self._specials)
+        self.marker_fixups += suffix.marker_fixup
+        return list(self.tokenizer.encode(suffix.text)) if suffix.text else []
 
     # -- Policy ------------------------------------------------------------------
 
@@ -140,17 +202,12 @@ class TokenInTokenOutPolicy:
             raise PolicyError(f"token-in/token-out policy: the conversation no longer fits the context: {exc}") from None
         except EngineError as exc:
             raise PolicyError(f"token-in/token-out policy: {exc}") from None
-        decoded = self.tokenizer.decode(done.token_ids)
-        if not decoded.startswith(done.text):
-            raise PolicyError(
-                f"token-in/token-out policy: the sampled ids decode to {decoded[:60]!r}, which does not start "
-                f"with the streamed text {done.text[:60]!r}"
-            )
+        tail = output_tail(self.tokenizer, done.token_ids, done.text)
         if new or not self.segments:
             self.segments.append(TokenSegment(new if self.held else ids, sampled=False))
         self.segments.append(TokenSegment(list(done.token_ids), sampled=True, logprobs=list(done.logprobs)))
         self.held = ids + list(done.token_ids)
-        self._text, self._tail = prompt.text + done.text, decoded[len(done.text) :]
+        self._prompt_text, self._output_text, self._tail = prompt.text, done.text, tail
         self.model_calls += 1
         info = getattr(done, "info", None)
         if info is not None:
@@ -202,7 +259,7 @@ class ScriptedCompleter:
             raise EngineError(f"the script has no output left (it had {len(self.outputs)})")
         text = self.outputs[len(self.requests)]
         self.requests.append(request)
-        ids = [*self.tokenizer.encode(text + "\n"), self.tokenizer.end_id]
+        ids = scripted_output_ids(text, self.tokenizer)
         done = Completion(text, ids, [0.0] * len(ids), "stop", len(request.prompt_ids))
         self.completions.append(done)
         return done

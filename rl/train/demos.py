@@ -172,28 +172,34 @@ async def record_demo(task: DemoTask, style: Style, workspace: Workspace, sandbo
 
 
 def demo_segments(demo: Demonstration, tokenizer: Tokenizer) -> list[Segment]:
-    """Token segments of a demonstration, as the model sees them in serving: the first rendered
-    prompt; then per model call the output + ``"\\n"`` + ``<|end|>`` (sampled: loss on these), and
-    the text the next rendered prompt adds (tool results, markers; not sampled).
+    """Token segments of a demonstration, exactly as :class:`agent.policies.tito.TokenInTokenOutPolicy`
+    would build them had a model sampled the same messages: the first rendered prompt; then per
+    model call the sampled ids (:func:`agent.policies.tito.scripted_output_ids`: the output +
+    ``"\\n"`` + ``<|end|>``; loss on these), and the text the next rendered prompt adds (tool
+    results, markers; not sampled), found by the policy's own rule
+    (:func:`agent.policies.tito.next_prompt_suffix`).
 
     Each part is encoded on its own; every boundary is at a special token (``<|end|>`` or a
     role marker) where the tokenizer splits anyway, so the concatenation equals encoding the
-    final rendered conversation whole. Raises ``ValueError`` if a prompt does not extend the
-    previous one (a runtime change that broke prefix growth)."""
-    from agent.prompt import CHAT_TEMPLATE
+    final rendered conversation whole (not guaranteed for a tokenizer that merges across a
+    special token). Raises ``ValueError`` if a prompt does not extend the previous one plus its
+    output (a runtime change that broke prefix growth)."""
+    from agent.policies.tito import next_prompt_suffix, output_tail, scripted_output_ids
+    from agent.policy import PolicyError
 
-    end = CHAT_TEMPLATE.end.rstrip("\n")
-    segments = [Segment(tokenizer.encode(demo.prompts[0].text), sampled=False)]
-    for k, text in enumerate(demo.outputs[: len(demo.prompts)]):
-        sampled = tokenizer.encode(text + "\n") + [tokenizer.end_id]
+    prompts = [p.text for p in demo.prompts]
+    segments = [Segment(tokenizer.encode(prompts[0]), sampled=False)]
+    for k, text in enumerate(demo.outputs[: len(prompts)]):
+        sampled = scripted_output_ids(text, tokenizer)
         segments.append(Segment(sampled, sampled=True, logprobs=[0.0] * len(sampled)))
-        if k + 1 < len(demo.prompts):
-            prefix = demo.prompts[k].text + text + "\n" + end
-            nxt = demo.prompts[k + 1].text
-            if not nxt.startswith(prefix):
+        if k + 1 < len(prompts):
+            try:
+                suffix = next_prompt_suffix(prompts[k], text, output_tail(tokenizer, sampled, text), prompts[k + 1])
+            except PolicyError as exc:
                 raise ValueError(f"demonstration {demo.task_id}/{demo.style}: prompt {k + 2} does not extend "
-                                 f"prompt {k + 1} plus its output")
-            segments.append(Segment(tokenizer.encode(nxt[len(prefix):]), sampled=False))
+                                 f"prompt {k + 1} plus its output: {exc}") from None
+            if suffix.text:  # as the policy: no empty consumed segment
+                segments.append(Segment(tokenizer.encode(suffix.text), sampled=False))
     return segments
 
 
