@@ -104,7 +104,7 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "tasks": str(start["tasks_file"]), "iterations": args.iterations,
         "tasks_per_iteration": args.tasks_per_iteration, "lr": args.lr,
         "model": {"preset": args.preset, "init": str(start["sft"])},
-        "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4},
+        "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches},
         "limits": {"max_model_calls": args.max_model_calls,
                    "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": 120},
         "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens},
@@ -194,10 +194,10 @@ def main() -> None:
     args = ap.parse_args()
     full = {"seeds": [0, 1, 2], "preset": "mini", "vocab": 2048, "n_train": 600, "n_heldout": 32,
             "iterations": 30, "eval_every": 10, "tasks_per_iteration": 4, "group": 8, "k": 4, "sft_steps": 1500,
-            "sft_lr": 2e-3, "max_model_calls": 6, "max_tokens": 192, "lr": 3e-4}
+            "sft_lr": 2e-3, "max_model_calls": 6, "max_tokens": 192, "lr": 5e-4, "minibatches": 4}
     quick = full | {"seeds": [0], "preset": "tiny", "n_train": 32, "n_heldout": 8, "iterations": 4, "eval_every": 2,
                     "tasks_per_iteration": 2, "group": 4, "k": 2, "sft_steps": 60, "sft_lr": 3e-3,
-                    "max_model_calls": 4, "max_tokens": 96, "lr": 1e-3}
+                    "max_model_calls": 4, "max_tokens": 96, "lr": 1e-3, "minibatches": 1}
     sizing = quick if args.quick else full
     for k, v in sizing.items():
         if getattr(args, k, None) is None:
