@@ -74,12 +74,24 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         done = json.loads((root / "sft_done.json").read_text())
         return {"tasks_file": tasks_file, "sft": sft, "sft_curve": done["curve"], "sft_s": done["seconds"],
                 "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]}
-    corpus = build_corpus(max_bytes=1 << 20, n_transcripts=24, val_fraction=0.05, prompt_profile="compact",
-                          seed=args.data_seed)
-    tok = train_tokenizer(corpus.texts("train"), args.vocab)
-    torch.manual_seed(sft_seed)
-    model = MoETransformer(ModelConfig.preset(args.preset, vocab_size=tok.vocab_size, max_seq_len=2048))
-    save_checkpoint(root / "init", model, tok, step=0, profile=COMPACT_PROFILE)
+    if args.pretrain_steps:
+        # pretraining on code (+ synthetic tool-call transcripts) before SFT: next-token prediction on
+        # code is where a small model learns to copy identifiers from its context (induction), which
+        # every task needs and which SFT alone did not teach the mini model (docs/rl/README.md)
+        from agent.model.train import TrainConfig
+        from agent.model.train import train as pretrain
+
+        with (root / "pretrain.log").open("w") as log:
+            pretrain(TrainConfig(preset=args.preset, steps=args.pretrain_steps, out=root / "init", seq_len=512,
+                                 batch=8, seed=sft_seed, corpus_bytes=args.pretrain_mb << 20, eval_every=250,
+                                 log_every=50, prompt_profile="compact"), log=log)
+    else:
+        corpus = build_corpus(max_bytes=1 << 20, n_transcripts=24, val_fraction=0.05, prompt_profile="compact",
+                              seed=args.data_seed)
+        tok = train_tokenizer(corpus.texts("train"), args.vocab)
+        torch.manual_seed(sft_seed)
+        model = MoETransformer(ModelConfig.preset(args.preset, vocab_size=tok.vocab_size, max_seq_len=2048))
+        save_checkpoint(root / "init", model, tok, step=0, profile=COMPACT_PROFILE)
     (root / "sft.json").write_text(json.dumps({"sft": {
         "lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": args.sft_steps, "eval_every": 50,
         "patience": 4, "demos_per_task": 1}}))
@@ -188,15 +200,18 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int)
     ap.add_argument("--sft-steps", type=int)
     ap.add_argument("--sft-per-seed", action="store_true", help="a fresh SFT per seed (default: one, shared)")
+    ap.add_argument("--pretrain-steps", type=int, help="pretrain on code this many steps before SFT (0: random init)")
+    ap.add_argument("--pretrain-mb", type=int, default=16, help="code corpus size for pretraining (MiB)")
     ap.add_argument("--data-seed", type=int, default=0, help="the task set's seed (fixed across RL seeds)")
     ap.add_argument("--work-dir", type=Path, help="keep the task set, checkpoints and runs here (default: a temp dir)")
     ap.add_argument("--name", help="result name (default rl_learning or rl_learning_quick)")
     args = ap.parse_args()
     full = {"seeds": [0, 1, 2], "preset": "mini", "vocab": 2048, "n_train": 600, "n_heldout": 32,
             "iterations": 30, "eval_every": 10, "tasks_per_iteration": 4, "group": 8, "k": 4, "sft_steps": 1500,
+            "pretrain_steps": 1500,
             "sft_lr": 2e-3, "max_model_calls": 6, "max_tokens": 192, "lr": 5e-4, "minibatches": 4}
     quick = full | {"seeds": [0], "preset": "tiny", "n_train": 32, "n_heldout": 8, "iterations": 4, "eval_every": 2,
-                    "tasks_per_iteration": 2, "group": 4, "k": 2, "sft_steps": 60, "sft_lr": 3e-3,
+                    "tasks_per_iteration": 2, "group": 4, "k": 2, "sft_steps": 60, "sft_lr": 3e-3, "pretrain_steps": 0,
                     "max_model_calls": 4, "max_tokens": 96, "lr": 1e-3, "minibatches": 1}
     sizing = quick if args.quick else full
     for k, v in sizing.items():

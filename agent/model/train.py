@@ -49,9 +49,9 @@ from agent.model.tokenizer import Tokenizer, train_tokenizer
 from agent.model.transformer import MoETransformer
 from agent.prompt import PromptProfile, profile_named
 
-DEFAULT_LR = {"tiny": 3e-3, "small": 1e-3, "1b": 3e-4}  # AdamW peak lr; small is unstable at 3e-3
+DEFAULT_LR = {"tiny": 3e-3, "mini": 2e-3, "small": 1e-3, "1b": 3e-4}  # AdamW peak lr; small is unstable at 3e-3
 # the full prompt (~1,700 tokens with the default tools) does not fit a 1,024-token context
-DEFAULT_PROFILE_FOR = {"tiny": "compact", "small": "compact", "1b": "default"}
+DEFAULT_PROFILE_FOR = {"tiny": "compact", "mini": "compact", "small": "compact", "1b": "default"}
 
 
 @dataclass(frozen=True)
