@@ -84,7 +84,8 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         with (root / "pretrain.log").open("w") as log:
             pretrain(TrainConfig(preset=args.preset, steps=args.pretrain_steps, out=root / "init", seq_len=512,
                                  batch=8, seed=sft_seed, corpus_bytes=args.pretrain_mb << 20, eval_every=250,
-                                 log_every=50, prompt_profile="compact"), log=log)
+                                 log_every=50, prompt_profile="compact",
+                                 model_overrides={"max_seq_len": 2048}), log=log)
     else:
         corpus = build_corpus(max_bytes=1 << 20, n_transcripts=24, val_fraction=0.05, prompt_profile="compact",
                               seed=args.data_seed)
