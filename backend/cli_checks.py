@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
+    from backend.settings import Settings
+
 DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"  # embeddings.embedder.DEFAULT_MODEL (bundled, works offline)
 
 
@@ -172,6 +174,32 @@ def open_log_engine(url: str, flag: str = "--db") -> Engine:
         engine.dispose()
         raise CliCheckError(f"cannot prepare the database {_where(url)}: {one_line(exc)}") from None
     return engine
+
+
+def server_settings(**overrides: object) -> Settings:
+    """``flywheel serve``'s :class:`backend.settings.Settings` from its flags (None: not given)
+    and the ``FLYWHEEL_*`` environment; a bad value (a port out of range, ``FLYWHEEL_PORT=abc``)
+    is a one-line :class:`CliCheckError` naming the flag or variable."""
+    from backend.settings import Settings, SettingsError, load_settings
+
+    port = overrides.get("port")
+    if isinstance(port, int):
+        check_port(port)
+    try:
+        return load_settings(Settings, **overrides)
+    except SettingsError as exc:
+        raise CliCheckError(str(exc)) from None
+
+
+def check_data_dir(path: Path, flag: str = "--data-dir") -> Path:
+    """Create the data directory if needed; one line if it cannot be created or written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CliCheckError(f"{flag} {path}: cannot create it ({exc.strerror or one_line(exc)})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CliCheckError(f"{flag} {path}: not writable")
+    return path
 
 
 def check_embedding_model(name: str, flag: str = "--model") -> None:

@@ -75,6 +75,17 @@ def test_an_unwritable_sqlite_path(tmp_path: Path) -> None:
     engine.dispose()
 
 
+def test_server_settings_and_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "--port 70000 is out of range" in one_line_error(cli_checks.server_settings, port=70000)
+    monkeypatch.setenv("FLYWHEEL_PORT", "abc")
+    assert "FLYWHEEL_PORT" in one_line_error(cli_checks.server_settings)
+    assert cli_checks.server_settings(port=0, data_dir=tmp_path).port == 0  # the flag wins over the variable
+    monkeypatch.delenv("FLYWHEEL_PORT")
+    (tmp_path / "f").write_text("")
+    assert "cannot create" in one_line_error(cli_checks.check_data_dir, tmp_path / "f" / "d")
+    assert cli_checks.check_data_dir(tmp_path / "new").is_dir()
+
+
 def test_embedding_models(tmp_path: Path) -> None:
     cli_checks.check_embedding_model("all-MiniLM-L6-v2")
     assert "unknown embedding model" in one_line_error(cli_checks.check_embedding_model, "no-such-model-xyz")
