@@ -28,7 +28,10 @@ log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    from backend.cli_checks import quiet_third_party
+
     settings = settings or Settings()
+    quiet_third_party()  # the embedder's imports (semantic_search) log known noise on every load
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
