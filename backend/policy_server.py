@@ -71,7 +71,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -123,20 +123,14 @@ class _Body(BaseModel):
     stream_options: dict[str, Any] | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    stop: str | list[Annotated[str, Field(max_length=MAX_NAME)]] | None = Field(default=None, max_length=16)
+    stop: (Annotated[str, Field(max_length=MAX_NAME)]
+           | Annotated[list[Annotated[str, Field(max_length=MAX_NAME)]], Field(max_length=16)] | None) = None
     seed: int | None = None
     n: int = Field(default=1, ge=1, le=16)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = Field(default=None, max_length=MAX_NAME)  # accepted; no effect
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_length(cls, v: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(v, str) and len(v) > MAX_NAME:
-            raise ValueError(f"a stop sequence is at most {MAX_NAME} characters")
-        return v
 
     @property
     def include_usage(self) -> bool:
@@ -304,14 +298,16 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None,
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         errs = list(exc.errors())
+
+        def param(e: Any) -> str:  # "stop", "messages.0.role": without pydantic's union tags ("constrained-str")
+            return ".".join(str(p) for p in e["loc"][1:] if isinstance(p, int) or str(p).isidentifier())
+
         extra = [e for e in errs if e.get("type") == "extra_forbidden"]
         if extra:  # a parameter this server does not know: refused, never ignored
-            name = ".".join(map(str, extra[0]["loc"][1:]))
-            err = unsupported(name, "not a parameter this server supports")
+            err = unsupported(param(extra[0]), "not a parameter this server supports")
         else:
-            where = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in errs[:3])
-            first = ".".join(map(str, errs[0]["loc"][1:])) if errs else None
-            err = ApiError(400, f"invalid request: {where}", param=first or None)
+            where = "; ".join(f"{param(e)}: {e['msg']}" for e in errs[:3])
+            err = ApiError(400, f"invalid request: {where}", param=(param(errs[0]) if errs else None) or None)
         return JSONResponse(err.body(), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)

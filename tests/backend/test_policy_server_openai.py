@@ -195,3 +195,13 @@ def test_errors_are_openai_shaped_on_unknown_routes(client: openai.OpenAI) -> No
     with pytest.raises(openai.BadRequestError) as long:
         client.completions.create(model="m" * 100_000, prompt="x", max_tokens=2)
     assert long.value.param == "model" and len(long.value.message) < 500
+
+
+def test_stop_sequences_are_bounded_not_miscounted(client: openai.OpenAI) -> None:
+    r = client.completions.create(model="tiny", prompt="x", max_tokens=2, stop="a stop of twenty chr")
+    assert r.choices[0].finish_reason in ("stop", "length")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, stop=["s"] * 17)
+    assert info.value.param == "stop"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="tiny", prompt="x", max_tokens=2, stop="s" * 300)
