@@ -124,10 +124,13 @@ def test_oversized_fields_are_refused_with_422(api: Api, body: dict[str, Any]) -
 def test_out_of_range_query_values_are_422_not_500(api: Api) -> None:
     s = api.create("alice")
     h = api.h("alice")
-    for query in (f"after={2**63}", f"after={10**30}", "after=-1", "limit=5001"):
+    for query in (f"after={2**31}", f"after={2**63}", f"after={10**30}", "after=-1", "limit=5001"):
         assert_error(api.client.get(f"/v1/sessions/{s['id']}/events?{query}", headers=h), 422, "invalid_request")
-    assert api.client.get(f"/v1/sessions/{s['id']}/events?after={2**63 - 1}", headers=h).json()["events"] == []
-    assert_error(api.client.get(f"/v1/sessions?offset={2**64}", headers=h), 422, "invalid_request")
+    assert api.client.get(f"/v1/sessions/{s['id']}/events?after={2**31 - 1}", headers=h).json()["events"] == []
+    assert api.client.get(f"/v1/sessions?offset={2**63 - 1}", headers=h).json() == []
+    assert_error(api.client.get(f"/v1/sessions?offset={2**63}", headers=h), 422, "invalid_request")
+    body = {"from_step": 2**31, "policy": {"kind": "scripted", "outputs": []}}
+    assert_error(api.client.post(f"/v1/sessions/{s['id']}/branch", json=body, headers=h), 422, "invalid_request")
     assert_error(api.client.get(f"/v1/sessions/{'x' * 10_000}", headers=h), 422, "invalid_request")
 
 

@@ -21,7 +21,8 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 MAX_PATH = 4096
 MAX_NAME = 256  # a model name, a policy kind: anything longer is refused (422)
-MAX_SEQ = 2**63 - 1  # event seqs are 64-bit signed in the log
+MAX_SEQ = 2**31 - 1  # event seqs (and branch steps) are 32-bit INTEGER columns in the log
+MAX_OFFSET = 2**63 - 1  # SQL OFFSET is a 64-bit integer
 
 
 class WorkspaceSource(BaseModel):
@@ -110,7 +111,7 @@ async def list_sessions(
     kind: Literal["user", "rl"] | None = None,
     run: Annotated[str | None, Query(max_length=64, description="an RL run id (kind=rl sessions)")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
 ) -> list[Session]:
     if not user.is_staff:
         if owner not in (None, user.name):
