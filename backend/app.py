@@ -7,24 +7,31 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from backend import errors
 from backend.api import ws
 from backend.api.deps import AppState
 from backend.api.routes import health, replay, sessions
 from backend.db.engine import make_engine, migrate
 from backend.db.log import EventWriter, SessionLog
-from backend.hub import Hub
-from backend.policies import PolicyFactory
+from backend.hub import Hub, HubError
+from backend.policies import PolicyConfigError, PolicyFactory
 from backend.settings import Settings
 from tools.sandbox import SandboxUnavailable, make_sandbox
-from tools.workspace import WorkspaceStore
+from tools.workspace import WorkspaceError, WorkspaceStore
 
 log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
+    from backend.cli_checks import quiet_third_party
+
     settings = settings or Settings()
+    quiet_third_party()  # the embedder's imports (semantic_search) log known noise on every load
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,12 +73,85 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app = FastAPI(
         title="Flywheel",
         version="0.1.0",
-        description="Agent IDE backend: sessions, live event streams, replay. See docs/protocol.md.",
+        description="Agent IDE backend: sessions, live event streams, replay. See docs/protocol.md. "
+        "Every error is an ErrorBody: {detail, code, errors}. This schema (/openapi.json) and the "
+        "interactive docs (/docs, /redoc) are public: they describe the API and hold no data; "
+        "every /v1 route needs a bearer token.",
         lifespan=lifespan,
+        responses=ERROR_RESPONSES,
     )
+    install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(replay.router)
     app.include_router(ws.router)
 
     return app
+
+
+# Documented on every route: the error statuses any route can answer with, all one shape.
+ERROR_RESPONSES: dict[int | str, dict[str, object]] = {
+    401: {"model": errors.ErrorBody, "description": "no, invalid or revoked token"},
+    422: {"model": errors.ErrorBody, "description": "the request does not match its schema (see errors)"},
+}
+
+# Domain error -> HTTP status: the only place these two meet.
+DOMAIN_STATUS: dict[type[errors.DomainError], int] = {
+    errors.InvalidRequest: 400, errors.Forbidden: 403, errors.NotFound: 404, errors.Conflict: 409, errors.Gone: 410,
+}
+
+
+def status_of(exc: errors.DomainError) -> int:
+    """The HTTP status for a domain error: its nearest class in :data:`DOMAIN_STATUS` (400 if none)."""
+    for cls in type(exc).__mro__:
+        if cls in DOMAIN_STATUS:
+            return DOMAIN_STATUS[cls]  # type: ignore[index]
+    return 400
+
+
+def _error(status: int, detail: str, code: str | None = None, *, errors_: list[dict[str, object]] | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    body = errors.error_body(detail, code or errors.code_for_status(status), errors_)  # type: ignore[arg-type]
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every error to :class:`backend.errors.ErrorBody`: domain errors by class, FastAPI's own
+    (401, 404/405 on unknown routes, 422 validation) by status, anything unexpected to a 500
+    whose detail says nothing about the server's insides."""
+
+    @app.exception_handler(errors.DomainError)
+    async def domain_error(_: Request, exc: errors.DomainError) -> JSONResponse:
+        return _error(status_of(exc), str(exc), exc.code)
+
+    @app.exception_handler(HubError)
+    async def hub_error(_: Request, exc: HubError) -> JSONResponse:
+        # HubError still carries a status (backend/hub.py); it moves to DomainError subclasses.
+        return _error(exc.status, str(exc))
+
+    @app.exception_handler(PolicyConfigError)
+    async def policy_error(_: Request, exc: PolicyConfigError) -> JSONResponse:
+        return _error(400, str(exc), "bad_policy")
+
+    @app.exception_handler(WorkspaceError)
+    async def workspace_error(_: Request, exc: WorkspaceError) -> JSONResponse:
+        return _error(410, f"the session's workspace is gone: {exc}", "gone")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route {request.url.path}"
+        elif exc.status_code == 405:
+            detail = f"{request.method} is not allowed on {request.url.path}"
+        return _error(exc.status_code, detail, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        found = errors.field_errors(list(exc.errors()))
+        return _error(422, errors.validation_detail(found), "invalid_request", errors_=found)  # type: ignore[arg-type]
+
+    @app.exception_handler(Exception)
+    async def internal(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error", exc_info=exc)
+        return _error(500, "internal server error (logged on the server)", "internal_error")

@@ -21,11 +21,14 @@ show as differing; network-dependent or time-dependent commands differ.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agent.events import AssistantMessage, Event, ListSink, ToolResultEvent, UserMessage
 from agent.policies.scripted import ScriptedPolicy
+from agent.policy import Policy, PolicyChunk
+from agent.prompt import RenderedPrompt
 from agent.runtime import SessionParts, build_session
 from agent.session import Limits, Session
 
@@ -57,6 +60,91 @@ def truncate_at_step(turns: list[RecordedTurn], step: int) -> list[RecordedTurn]
         out.append(RecordedTurn(t.user_text, t.outputs[:left]))
         left -= len(t.outputs)
     return out
+
+
+class RecordedThen:
+    """A turn's policy for a branch cut inside a turn: the recorded outputs first (one per
+    model call, as :class:`ScriptedPolicy` streams them), then ``then`` — so the recorded
+    steps and the continuation are one turn, started by the turn's own user message."""
+
+    def __init__(self, recorded: list[str], then: Policy):
+        self.recorded = ScriptedPolicy(recorded, chunk_chars=256)
+        self.then = then
+        self.name = then.name
+
+    def stream(self, prompt: RenderedPrompt) -> AsyncIterator[PolicyChunk]:
+        if self.recorded.remaining:
+            return self.recorded.stream(prompt)
+        return self.then.stream(prompt)
+
+    async def aclose(self) -> None:
+        """The continuation's policy is the session's own: the session closes it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """The turn a branch starts after its re-executed steps: ``user_text`` (the recorded
+    turn's message, or None for a turn the recording had without one) and the outputs of
+    a cut turn's recorded steps, replayed at its start."""
+
+    user_text: str | None
+    recorded: list[str]
+    only_if_tool_results: bool = False  # at the recording's end: continue only if the model owes an answer
+
+    def policy(self, branch_policy: Policy) -> Policy:
+        """The policy for the continued turn."""
+        return RecordedThen(self.recorded, branch_policy) if self.recorded else branch_policy
+
+
+@dataclass(frozen=True, slots=True)
+class BranchPlan:
+    """How a branch at ``step`` runs: ``recorded`` turns re-executed before the branch exists
+    for clients, then ``continuation`` (None: the branch waits for a message)."""
+
+    recorded: list[RecordedTurn]
+    continuation: Continuation | None
+
+
+def plan_branch(turns: list[RecordedTurn], step: int, *, auto_continue: bool = True) -> BranchPlan:
+    """Split a recording for a branch after its first ``step`` model outputs.
+
+    * ``step`` at a turn boundary (0 included): the turns before it are re-executed and,
+      with ``auto_continue``, the next recorded turn starts over with its user message and
+      the branch's policy (a branch from step 0 re-asks the first request).
+    * ``step`` inside a turn: the turns before it are re-executed; with ``auto_continue``
+      the cut turn then runs as one turn — its user message, its first recorded steps, then
+      the branch's policy (:class:`RecordedThen`); without, the cut turn is re-executed up
+      to ``step`` and stops there (``max_steps``).
+    """
+    if step < 0:
+        raise ValueError("step must be >= 0")
+    done: list[RecordedTurn] = []
+    left = step
+    for t in turns:
+        if left == 0:  # a boundary before this turn
+            return BranchPlan(done, Continuation(t.user_text, []) if auto_continue else None)
+        if left < len(t.outputs):  # inside this turn
+            if not auto_continue:
+                return BranchPlan([*done, RecordedTurn(t.user_text, t.outputs[:left])], None)
+            return BranchPlan(done, Continuation(t.user_text, t.outputs[:left]))
+        done.append(t)
+        left -= len(t.outputs)
+    if left > 0:
+        raise ValueError(f"step {step} is past the recording's {step - left} model outputs")
+    # the recording's end: continue only where the model owes an answer (its last step called tools)
+    return BranchPlan(done, Continuation(None, [], only_if_tool_results=True) if auto_continue else None)
+
+
+def branch_consumed(policy: dict[str, Any], turns: list[RecordedTurn], step: int) -> int:
+    """Outputs a branch's scripted policy has already "used": ``step`` when its outputs begin
+    with the recording's first ``step`` outputs (the session's own script, e.g. the demo:
+    the branch continues the script instead of restarting it), else 0. What a restarted
+    server computes too (``consumed`` = the outputs in the log)."""
+    if policy.get("kind") != "scripted":
+        return 0
+    recorded = [o for t in turns for o in t.outputs][:step]
+    outputs = policy.get("outputs") or []
+    return step if step and list(outputs[:step]) == recorded else 0
 
 
 @dataclass(slots=True)

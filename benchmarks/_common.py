@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -30,10 +31,47 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def write_result(name: str, data: dict) -> None:
-    """Write benchmarks/results/NAME.json and print the object as the last line."""
-    data = {"benchmark": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+def is_quick(data: dict | None = None, argv: list[str] | None = None) -> bool:
+    """A smoke run: ``--quick`` on the command line, or ``"quick": true`` in the result."""
+    argv = sys.argv[1:] if argv is None else argv
+    return "--quick" in argv or bool((data or {}).get("quick") is True)
+
+
+def result_name(name: str, quick: bool) -> str:
+    """The file stem a result is written under: a quick run's is ``NAME_quick``, so a
+    smoke run never overwrites the committed full result."""
+    return name if not quick or name.endswith("_quick") or "_quick_" in name else f"{name}_quick"
+
+
+REDIRECTED = bool(os.environ.get("FLYWHEEL_BENCH_RESULTS"))
+
+
+def write_result(name: str, data: dict, *, quick: bool | None = None) -> Path:
+    """Write RESULTS/NAME.json — RESULTS/NAME_quick.json for a quick run (``quick=True``,
+    ``--quick`` on the command line or ``"quick": true`` in ``data``), so a smoke run never
+    overwrites a committed result — print the object as the last line, and return the path.
+    ``"benchmark"`` in the object is the file's stem.
+
+    While FLYWHEEL_BENCH_RESULTS redirects the results (tests), a quick run is also written
+    under the name the script gave (a temporary directory holds no committed result; older
+    smoke tests read that name)."""
+    quick = is_quick(data) if quick is None else quick
+    stem = result_name(name, quick)
+    data = {"benchmark": stem, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, **data}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
+    path = RESULTS / f"{stem}.json"
+    text = json.dumps(data, indent=2) + "\n"
+    path.write_text(text)
+    if REDIRECTED and stem != name:
+        (RESULTS / f"{name}.json").write_text(text)
     print(json.dumps(data))
+    return path
+
+
+def simple_cli(doc: str | None, argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of a benchmark that takes no options: ``--help`` prints its
+    docstring, anything else is a usage error (exit status 2)."""
+    parser = argparse.ArgumentParser(description=(doc or "").strip() or None,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser.parse_args(argv)

@@ -6,10 +6,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request, status
+from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from backend.db.log import Principal, SessionInfo, SessionLog
+from backend.errors import Forbidden, NotFound
 from backend.hub import Hub
 from backend.settings import Settings
 from tools.workspace import WorkspaceStore
@@ -49,12 +50,14 @@ def can_access(user: Principal, info: SessionInfo) -> bool:
     return user.is_staff or info.owner == user.name
 
 
-async def owned_session(session_id: str, state: StateDep, user: CurrentUser) -> SessionInfo:
+async def owned_session(
+    session_id: Annotated[str, Path(max_length=64, description="a session id")], state: StateDep, user: CurrentUser,
+) -> SessionInfo:
     info = await asyncio.to_thread(state.log.get_session, session_id)
     if info is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no session {session_id}")
+        raise NotFound(f"no session {session_id}")
     if not can_access(user, info):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "this session belongs to another user")
+        raise Forbidden("this session belongs to another user")
     return info
 
 
@@ -63,7 +66,7 @@ SessionDep = Annotated[SessionInfo, Depends(owned_session)]
 
 def require_staff(user: CurrentUser) -> Principal:
     if not user.is_staff:
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "staff only")
+        raise Forbidden("staff only")
     return user
 
 

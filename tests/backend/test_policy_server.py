@@ -173,8 +173,19 @@ def test_errors_are_openai_shaped(app_client: TestClient) -> None:
     r = app_client.post("/v1/chat/completions", json={"messages": []})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     r = app_client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "n": 2,
-                                                      "stream": True})
-    assert r.status_code == 400 and "n > 1" in r.json()["error"]["message"]
+                                                      "top_logprobs": 3})
+    assert r.status_code == 400 and r.json()["error"] == {
+        "message": r.json()["error"]["message"], "type": "invalid_request_error", "param": "top_logprobs",
+        "code": "unsupported_parameter"}
+    r = app_client.post("/v1/completions", json={"prompt": "x", "frobnicate": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "frobnicate"
+    for method, path in (("GET", "/v1/nope"), ("POST", "/v1/embeddings"), ("GET", "/nothing")):
+        r = app_client.request(method, path)
+        assert r.status_code == 404 and r.json() == {"error": {
+            "message": f"Invalid URL ({method} {path})", "type": "invalid_request_error", "param": None,
+            "code": "unknown_url"}}
+    r = app_client.get("/v1/completions")
+    assert r.status_code == 405 and set(r.json()["error"]) == {"message", "type", "param", "code"}
 
 
 def test_n_choices_and_stop(app_client: TestClient) -> None:
