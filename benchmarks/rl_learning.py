@@ -128,18 +128,24 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
                                    + " ".join(f"{k}={r[k]:.3f}" for k in ("success_rate", "mean_reward",
                                                                          "heldout_pass_at_1") if k in r),
                                    flush=True))
-    run = root / f"run{seed}"
+    return seed_result(seed, root / f"run{seed}", name) | {"seconds_rl_total": time.perf_counter() - t0}
+
+
+def seed_result(seed: int, run: Path, name: str) -> dict[str, Any]:
+    """One finished (or stopped) seed's result from its run directory; copies its metrics and
+    curves into docs/rl/. Used after training and by ``--report-only``."""
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for src in ("metrics.jsonl", "curves.png"):
         shutil.copy(run / src, DOCS / f"{name}_seed{seed}_{src}")
     curve = [{"iteration": float(r["iteration"]), **{k: r.get(f"heldout_{k}", float("nan")) for k in CURVE_KEYS}}
              for r in records if "heldout_pass_at_1" in r]
     trained = [r for r in records if r["iteration"] > 0]
-    return {"seed": seed, "sft": curve[0], "rl": curve[-1], "curve": curve,
+    return {"seed": seed, "sft": curve[0], "rl": curve[-1], "curve": curve, "iterations_done": len(trained),
             "iterations_stepped": sum(bool(r.get("stepped")) for r in trained),
             "train_success_rate": [r.get("success_rate") for r in trained],
-            "seconds": {"rl_total": time.perf_counter() - t0,
-                        "per_iteration": statistics.fmean(r.get("time_rollouts_s", 0) + r.get("time_training_s", 0)
+            "train_mean_reward": [r.get("mean_reward") for r in trained],
+            "train_malformed_call_rate": [r.get("malformed_call_rate") for r in trained],
+            "seconds": {"per_iteration": statistics.fmean(r.get("time_rollouts_s", 0) + r.get("time_training_s", 0)
                                                           for r in trained) if trained else 0.0,
                         "heldout_eval": sum(r.get("time_heldout_eval_s", 0.0) for r in records)}}
 
@@ -200,12 +206,15 @@ def main() -> None:
     ap.add_argument("--iterations", type=int)
     ap.add_argument("--eval-every", type=int)
     ap.add_argument("--sft-steps", type=int)
+    ap.add_argument("--k", type=int, help="held-out samples per task (pass@k)")
     ap.add_argument("--sft-per-seed", action="store_true", help="a fresh SFT per seed (default: one, shared)")
     ap.add_argument("--pretrain-steps", type=int, help="pretrain on code this many steps before SFT (0: random init)")
     ap.add_argument("--pretrain-mb", type=int, default=16, help="code corpus size for pretraining (MiB)")
     ap.add_argument("--data-seed", type=int, default=0, help="the task set's seed (fixed across RL seeds)")
     ap.add_argument("--work-dir", type=Path, help="keep the task set, checkpoints and runs here (default: a temp dir)")
     ap.add_argument("--name", help="result name (default rl_learning or rl_learning_quick)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="train nothing: report the seeds whose runs exist in --work-dir (a stopped run)")
     args = ap.parse_args()
     full = {"seeds": [0, 1, 2], "preset": "mini", "vocab": 2048, "n_train": 600, "n_heldout": 32,
             "iterations": 30, "eval_every": 10, "tasks_per_iteration": 4, "group": 8, "k": 4, "sft_steps": 1500,
@@ -224,23 +233,44 @@ def main() -> None:
 
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
     tmp = args.work_dir or Path(tempfile.mkdtemp(prefix="rl-learning-"))
-    seeds, starts = [], {}
+    if args.report_only and args.work_dir is None:
+        raise SystemExit("--report-only needs --work-dir")
+    seeds: list[dict[str, Any]] = []
+    starts: dict[int, dict[str, Any]] = {}
     try:
         for s in args.seeds:
             key = s if args.sft_per_seed else args.seeds[0]
+            if args.report_only:
+                done = tmp / f"start{key}" / "sft_done.json"
+                if not (tmp / f"run{s}" / "metrics.jsonl").exists() or not done.exists():
+                    continue
+                d = json.loads(done.read_text())
+                starts.setdefault(key, {"tasks": json.loads((tmp / f"start{key}" / "tasks_summary.json").read_text())
+                                        ["written"], "sft_s": d["seconds"], "sft_curve": d["curve"]})
+                seeds.append(seed_result(s, tmp / f"run{s}", name) | {"sft_from": key})
+                continue
             if key not in starts:
                 starts[key] = build_start(args, tmp / f"start{key}", key)
                 shutil.copy(starts[key]["sft"] / "sft_curve.png", DOCS / f"{name}_sft{key}_curve.png")
             seeds.append(run_seed(s, args, starts[key], tmp, name) | {"sft_from": key})
+            report(args, sizing, name, seeds, starts)  # after every seed: a stopped run keeps what it measured
     finally:
         ray.shutdown()
         if args.work_dir is None:
             shutil.rmtree(tmp, ignore_errors=True)
+    if not seeds:
+        raise SystemExit("no finished seed to report")
+    report(args, sizing, name, seeds, starts)
+
+
+def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: list[dict[str, Any]],
+           starts: dict[int, dict[str, Any]]) -> None:
     plot(seeds, DOCS / f"{name}.png", f"{name}: held-out split, SFT start (iteration 0) and during GRPO")
     summary = {when: {key: _spread(seeds, when, key) for key in CURVE_KEYS} for when in ("sft", "rl")}
     sft_info = {k: {"tasks": v["tasks"], "seconds": v["sft_s"], "curve": v["sft_curve"]} for k, v in starts.items()}
     result = {"config": {k: getattr(args, k) for k in sizing} | {"sft_per_seed": args.sft_per_seed,
                                                                  "data_seed": args.data_seed},
+              "seeds_done": [s["seed"] for s in seeds], "seeds_planned": args.seeds,
               "summary": summary, "bars": bars(summary), "sft": sft_info, "seeds": seeds}
     (DOCS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     write_result(name, result)
