@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from backend.db.log import SessionLog
     from backend.settings import Settings
     from tools.workspace import Workspace
@@ -114,15 +116,22 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
         "chat", help="chat with an agent on a running server (terminal client of the WebSocket protocol)",
         description="Start a session on a workspace (--workspace) or attach to one (--session) on a running "
         "`flywheel serve`, then send each input line as a user message and show the live transcript. "
-        "Ctrl-C interrupts the turn (at the prompt it quits); /quit or EOF ends the chat.",
+        "Ctrl-C interrupts the turn (at the prompt it quits); /quit or EOF ends the chat, then the session's "
+        "changes are shown with the choice to apply them, export a patch or leave them. /help lists the "
+        "commands (/diff, /apply, /undo, /model).",
     )
-    p.add_argument("--server", help="server URL (env FLYWHEEL_SERVER; default http://127.0.0.1:8421)")
-    p.add_argument("--token", help="API token (env FLYWHEEL_TOKEN)")
+    p.add_argument("--server", help="server URL (env FLYWHEEL_SERVER, or `server` in the config file; "
+                   "default http://127.0.0.1:8421)")
+    p.add_argument("--token", help="API token (env FLYWHEEL_TOKEN, or `token` in the config file)")
     target = p.add_mutually_exclusive_group()
     target.add_argument("--workspace", type=Path, help="start a new session on this directory (on the server)")
     target.add_argument("--session", metavar="ID", help="attach to an existing session (its history is shown first)")
-    p.add_argument("--policy", metavar="JSON", help='policy for a new session: JSON such as {"kind": "openai"} (the default), or "demo" for the bundled scripted demo')
+    p.add_argument("--policy", metavar="POLICY",
+                   help='policy for a new session: JSON such as {"kind": "openai"}, openai[:MODEL], '
+                   'scripted:FILE.json, or "demo" for the bundled scripted demo (default: `policy` in the config '
+                   'file, else {"kind": "openai"})')
     p.add_argument("--json", action="store_true", help="print events as JSON lines instead of a transcript")
+    _add_end_choice(p, "the session's directory (on this machine)")
 
     def run(args: argparse.Namespace) -> int:
         from backend.chat import run_chat
@@ -533,13 +542,25 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                   f"{token_file.read_text().strip()} --workspace {demo} --policy demo\n"
                   f"  then type: {script['request']}", flush=True)
     print(f"database: {settings.database_url.split('@')[-1]}", flush=True)
-    config = uvicorn.Config(create_app(settings), log_level=args.log_level, ws="websockets-sansio")
+    config = uvicorn.Config(with_change_routes(create_app(settings)), log_level=args.log_level,
+                            ws="websockets-sansio")
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])
     finally:
         os.close(lock)
     return 0
+
+
+def with_change_routes(app: FastAPI) -> FastAPI:
+    """``app`` with the routes ``flywheel chat`` applies and undoes with
+    (``backend/api/routes/changes.py``), unless the app factory already has them."""
+    from backend.api.routes import changes
+
+    if not any(getattr(r, "original_router", None) is changes.router
+               or getattr(r, "path", "") == "/v1/sessions/{session_id}/changes" for r in app.routes):
+        app.include_router(changes.router)
+    return app
 
 
 def lock_data_dir(data_dir: Path) -> int:
