@@ -33,7 +33,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         help="run one agent turn on a workspace and print the live transcript",
         description=(
             "Run one agent turn on an isolated copy of a workspace. With no --workspace/--git "
-            "and no request, runs the bundled demo (a scripted policy fixing a bug)."
+            "and no request, runs the bundled demo (a scripted policy fixing a bug). At the end the changes "
+            "are shown as a diff: apply them to the original directory (refused, with nothing written, if a "
+            "file they touch changed there meanwhile), export a patch, or discard them. On a terminal it asks; "
+            "for scripts use --apply/--yes, --export-patch FILE or --discard."
         ),
     )
     p.add_argument("request", nargs="?", help="what to ask the agent (default: the demo's request)")
@@ -477,14 +480,18 @@ def _policy_spec(value: str | dict[str, object]) -> str:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    from backend.settings import Settings
+    """The server's settings with the flags applied; :class:`CliError` names a bad flag or variable."""
+    from backend.settings import Settings, SettingsError, load_settings
 
     overrides = {
         "host": getattr(args, "host", None), "port": getattr(args, "port", None), "db_url": getattr(args, "db", None),
         "data_dir": getattr(args, "data_dir", None), "allowed_roots": getattr(args, "allow_root", None),
         "openai_base_url": getattr(args, "openai_base_url", None), "openai_model": getattr(args, "openai_model", None),
     }
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        return load_settings(Settings, **overrides)
+    except SettingsError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _open_log(settings: Settings) -> SessionLog:
@@ -502,10 +509,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from backend.app import create_app
     from backend.settings import InsecureSettings
 
-    settings = _settings(args)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
     try:
+        settings = _settings(args)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
         lock = lock_data_dir(settings.data_dir)  # held (open) for the server's life
+    except OSError as exc:
+        print(f"flywheel serve: cannot use the data directory: {exc}", file=sys.stderr)
+        return 1
     except CliError as exc:
         print(f"flywheel serve: {exc}", file=sys.stderr)
         return 1

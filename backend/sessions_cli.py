@@ -20,23 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 import re
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session as DbSession
-
-from agent.events import event_to_json
 from agent.text_safety import escape_json_text, inert
-from backend.apply_back import ApplyError, ChangeSet
-from backend.db.log import SessionInfo, SessionLog
-from backend.db.models import SessionRow
-from backend.local_log import LogNotFound, log_settings, open_log
-from backend.settings import Settings
+
+if TYPE_CHECKING:  # the rest is imported when a command runs: `flywheel --help` stays fast
+    from backend.apply_back import ChangeSet
+    from backend.db.log import SessionInfo, SessionLog
+    from backend.settings import Settings
 
 
 class SessionsError(Exception):
@@ -86,6 +82,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        from backend.apply_back import ApplyError
+        from backend.local_log import LogNotFound
+
         try:
             return int(fn(args) or 0)
         except (SessionsError, LogNotFound, ApplyError) as exc:
@@ -95,6 +94,8 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 
 def _open(args: argparse.Namespace) -> tuple[Settings, SessionLog]:
+    from backend.local_log import log_settings, open_log
+
     settings = log_settings(data_dir=args.data_dir, db=args.db)
     return settings, open_log(settings)
 
@@ -117,6 +118,11 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 def resolve(log: SessionLog, ref: str) -> SessionInfo:
     """The session whose id is ``ref`` or starts with it (refused if none or several)."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session as DbSession
+
+    from backend.db.models import SessionRow
+
     ref = ref.strip().lower()
     if not re.fullmatch(r"[0-9a-f]{1,32}", ref):
         raise SessionsError(f"{ref!r} is not a session id (hexadecimal, as `flywheel sessions list` shows)")
@@ -207,6 +213,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def session_changes(settings: Settings, log: SessionLog, info: SessionInfo) -> ChangeSet:
     """The changes of a session's workspace against its starting snapshot."""
+    from backend.apply_back import ChangeSet
     from tools.workspace import WorkspaceError, WorkspaceStore
 
     root = settings.data_dir / "workspaces"
@@ -253,6 +260,8 @@ def _diff(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from agent.events import event_to_json
+
     _, log = _open(args)
     info = resolve(log, args.session_id)
     try:

@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session as DbSession
-
 from agent.text_safety import inert
-from backend.db.log import TokenError
-from backend.db.models import TokenRow
-from backend.local_log import LogNotFound, log_settings, open_log
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -55,6 +49,9 @@ class _Refused(Exception):
 
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
+        from backend.db.log import TokenError
+        from backend.local_log import LogNotFound
+
         try:
             return int(fn(args) or 0)
         except (LogNotFound, TokenError, _Refused) as exc:
@@ -64,6 +61,8 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
 
 
 def _create(args: argparse.Namespace) -> int:
+    from backend.local_log import log_settings, open_log
+
     log = open_log(log_settings(data_dir=args.data_dir, db=args.db), create=args.create_db,
                    create_hint="pass --create-db to create it anyway")
     token = log.create_token(args.name, args.role)
@@ -73,6 +72,12 @@ def _create(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session as DbSession
+
+    from backend.db.models import TokenRow
+    from backend.local_log import log_settings, open_log
+
     log = open_log(log_settings(data_dir=args.data_dir, db=args.db))
     with DbSession(log.engine) as db:
         rows = list(db.scalars(select(TokenRow).order_by(TokenRow.created_at, TokenRow.id)))
@@ -92,6 +97,12 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _revoke(args: argparse.Namespace) -> int:
+    from sqlalchemy import select, update
+    from sqlalchemy.orm import Session as DbSession
+
+    from backend.db.models import TokenRow
+    from backend.local_log import log_settings, open_log
+
     log = open_log(log_settings(data_dir=args.data_dir, db=args.db))
     with DbSession(log.engine) as db, db.begin():
         row = db.scalar(select(TokenRow).where(TokenRow.name == args.name))

@@ -207,3 +207,52 @@ def test_config_file_gives_the_default_policy_and_flags_override_it(tmp_path: Pa
     (cfg / "config.toml").write_text('polcy = "x"\n')
     r = flywheel("run", "--workspace", str(src), "hi", env=env)
     assert r.returncode == 1 and "unknown setting(s) 'polcy'" in r.stderr
+
+
+def test_on_a_terminal_it_asks_and_applies(tmp_path: Path) -> None:
+    import pty
+    import select
+    import time
+
+    src, script = _edit_project(tmp_path)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend.cli", "run", "--workspace", str(src), "--policy", f"scripted:{script}", "go"],
+        stdin=slave, stdout=slave, stderr=slave, close_fds=True, cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "NO_COLOR": "1", **NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    os.close(slave)
+    seen = b""
+
+    def until(token: bytes, timeout: float = 60) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while token not in seen:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")[-2000:]
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    break
+        assert token in seen, seen.decode(errors="replace")[-2000:]
+
+    try:
+        until(b"[d]iscard (default): ")
+        assert (src / "a.txt").read_text() == "old\n"  # nothing before the answer
+        os.write(master, b"a\n")
+        until(b"1 deleted")
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        os.close(master)
+    assert (src / "a.txt").read_text() == "new\n" and not (src / "gone.txt").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["serve", "--port", "70000"], "--port=70000: Input should be less than or equal to 65535"),
+    (["sessions", "list", "--db", "sqlite:////nonexistent/dir/x.db"], "no session log at /nonexistent/dir/x.db"),
+    (["token", "list", "--db", "bogus://"], "cannot open the session log"),
+])
+def test_more_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    r = flywheel(*args, "--data-dir", str(tmp_path / "d"))
+    assert r.returncode == 1 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
