@@ -22,6 +22,23 @@ Not guaranteed:
 * notices go to stderr, the transcript to stdout: on a terminal they
   interleave only approximately.
 
+Lines that start with ``/`` are commands (``/help`` lists them; ``//text`` sends
+``/text``): ``/diff`` shows the session's changes, ``/apply`` applies them to the
+session's original directory on this machine (refusing, with nothing written, if a file
+they touch changed there since the session started or since the last ``/apply``),
+``/undo`` puts the workspace back to how it was before the last message this client
+sent (and tells the model with the next one), ``/model [NAME]`` shows the model or
+continues in a branch with another one. When the chat ends (``/quit``, EOF), the
+session's changes are shown with the choice to apply them, export a patch or leave
+them (``--apply``/``--yes``, ``--export-patch``, ``--discard``; off a terminal it only
+says how), as :mod:`backend.review` does for ``flywheel run``.
+
+Not guaranteed (commands): ``/undo`` needs the server's checkpoint routes
+(``backend/api/routes/changes.py``), covers only turns this client started, cannot
+take back what ``/apply`` already wrote, and a restarted server forgets its
+checkpoints; ``/model`` re-executes the session's recorded steps in a branch (commands
+run again) and the chat continues in the branch.
+
 Everything the server sends is untrusted: the transcript, server messages
 and error details pass through :func:`agent.text_safety.inert` before they
 are printed, so escape sequences show as text (``^[]52;c;…``) instead of
@@ -52,6 +69,8 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from agent.events import EVENT_ADAPTER
 from agent.text_safety import escape_json_text, inert, json_safe_value
+from backend.apply_back import ApplyError, ChangeSet, FileState
+from backend.review import Choice, finish
 from backend.settings import ClientSettings, SettingsError, load_settings
 from backend.transcript import Transcript
 
@@ -66,6 +85,45 @@ def demo_policy() -> dict[str, Any]:
     """``--policy demo``: the bundled demo's recorded outputs, streamed gently."""
     script = json.loads((Path(__file__).with_name("demo") / "script.json").read_text())
     return {"kind": "scripted", "outputs": script["outputs"], "chunk_chars": 8, "delay_s": 0.01}
+
+
+HELP = """commands:
+  /diff           the session's changes so far
+  /apply          apply them to the session's directory on this machine (refused if files there changed)
+  /undo           put the workspace back to before your last message (the model is told)
+  /model [NAME]   show the model, or continue with NAME in a branch of this session
+  /help           this list
+  /quit           end the chat (then: apply, export a patch, or leave the changes)
+  //text          send "/text" as a message"""
+
+
+def policy_config(value: str | dict[str, Any] | None) -> dict[str, Any]:
+    """A session's policy from ``--policy`` or the config file's ``policy``: a JSON object,
+    ``demo``, ``openai`` / ``openai:MODEL`` or ``scripted:FILE.json``."""
+    if value is None:
+        return {"kind": "openai"}
+    if isinstance(value, dict):
+        return value
+    if value == "demo":
+        return demo_policy()
+    kind, sep, arg = value.partition(":")
+    if kind == "openai":
+        return {"kind": "openai", "model": arg} if arg else {"kind": "openai"}
+    if kind == "scripted" and sep:
+        from agent.policies.scripted import load_outputs
+        from agent.policy import PolicyError
+
+        try:
+            return {"kind": "scripted", "outputs": load_outputs(arg)}
+        except PolicyError as exc:
+            raise ChatError(str(exc)) from None
+    try:
+        policy = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ChatError(f"--policy is not valid JSON ({exc}), nor demo, openai[:MODEL] or scripted:FILE") from None
+    if not isinstance(policy, dict):
+        raise ChatError('--policy must be a JSON object, e.g. {"kind": "openai"}')
+    return policy
 
 
 class ChatError(Exception):
@@ -85,6 +143,9 @@ class ChatConfig:
     policy: dict[str, Any] = field(default_factory=lambda: {"kind": "openai"})
     json: bool = False
     give_up_s: float = GIVE_UP_S  # reconnecting stops after this long without a connection
+    end_choice: Choice = "ask"  # what to do with the changes when the chat ends
+    export_patch: Path | None = None
+    approval_mode: str = "auto"  # sent with a new session; the server enforces it
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, client: ClientSettings | None = None) -> ChatConfig:
@@ -92,7 +153,7 @@ class ChatConfig:
         read by :class:`backend.settings.ClientSettings`)."""
         if client is None:
             try:
-                client = load_settings(ClientSettings)
+                client = load_settings(ClientSettings, approval_mode=getattr(args, "approval_mode", None))
             except SettingsError as exc:
                 raise ChatError(str(exc)) from None
         token = args.token or client.token
@@ -103,15 +164,12 @@ class ChatConfig:
             raise ChatError(f"--server must be an http:// or https:// URL, not {server!r}")
         if (args.workspace is None) == (args.session is None):
             raise ChatError("give --workspace PATH to start a session or --session ID to attach to one")
-        try:
-            policy = demo_policy() if args.policy == "demo" else (
-                json.loads(args.policy) if args.policy is not None else {"kind": "openai"})
-        except json.JSONDecodeError as exc:
-            raise ChatError(f"--policy is not valid JSON: {exc}") from None
-        if not isinstance(policy, dict):
-            raise ChatError('--policy must be a JSON object, e.g. {"kind": "openai"}')
+        policy = policy_config(args.policy if args.policy is not None else client.policy)
         workspace = Path(args.workspace).resolve() if args.workspace is not None else None
-        return cls(server, token, workspace, args.session, policy, args.json)
+        end: Choice = ("apply" if getattr(args, "apply", False) else "export" if getattr(args, "export_patch", None)
+                       else "discard" if getattr(args, "discard", False) else "ask")
+        return cls(server, token, workspace, args.session, policy, args.json, end_choice=end,
+                   export_patch=getattr(args, "export_patch", None), approval_mode=client.approval_mode)
 
 
 @dataclass
@@ -195,6 +253,15 @@ class ChatClient:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._http = httpx.AsyncClient(base_url=cfg.server, headers={"Authorization": f"Bearer {cfg.token}"},
                                        timeout=10.0)
+        self.steps = 0  # model calls seen (a /model branch re-executes this many)
+        self.original: Path | None = cfg.workspace  # the directory /apply writes to
+        self.applied: dict[str, FileState | None] = {}  # what /apply wrote, per path
+        self.end: ChangeSet | None = None  # the changes when the chat ended (for the review)
+        self.end_diff = ""  # and their diff as the server shows it
+        self._checkpoints: list[str] = []  # snapshot ids, one before each message this client sent
+        self._undo_ok = True  # False once the server answered that it has no checkpoint routes
+        self._note = ""  # said to the model with the next message (after an /undo)
+        self._switching = False  # the socket is closed on purpose: reconnect at once, quietly
 
     def _say(self, text: str, style: str = "2") -> None:
         color = self.err.isatty() and "NO_COLOR" not in os.environ
@@ -224,6 +291,7 @@ class ChatClient:
             return  # already shown (a resumed backlog overlaps) or not an event
         self._show(data)
         t, self.last_seq, self._last_type = self._turn, seq, str(data.get("type"))
+        self.steps += self._last_type == "assistant_message"
         if t is not None and self._last_type == "user_message" and t.number is None and data.get("text") == t.text:
             t.number = data.get("turn")
         elif t is not None and self._last_type == "turn_end" and t.number is not None and data.get("turn") == t.number:
@@ -270,12 +338,17 @@ class ChatClient:
 
     async def _open_session(self) -> None:
         if self.cfg.session is None:
-            info = await self._rest("POST", "/v1/sessions", json={
-                "workspace": {"path": str(self.cfg.workspace)}, "policy": self.cfg.policy})
+            body: dict[str, Any] = {"workspace": {"path": str(self.cfg.workspace)}, "policy": self.cfg.policy}
+            if self.cfg.approval_mode != "auto":
+                body["approval_mode"] = self.cfg.approval_mode
+            info = await self._rest("POST", "/v1/sessions", json=body)
             self.session_id = info["id"]
             note = f"session {self.session_id} (attach again with --session {self.session_id})"
             print(inert(note), file=self.err if self.cfg.json else self.out, flush=True)
             return
+        info = await self._rest("GET", f"/v1/sessions/{self.session_id}")
+        if isinstance(info.get("source"), dict) and isinstance(info["source"].get("path"), str):
+            self.original = Path(info["source"]["path"])
         after, more = 0, True
         while more:  # the history, before the first prompt
             page = await self._rest("GET", f"/v1/sessions/{self.session_id}/events",
@@ -298,9 +371,10 @@ class ChatClient:
                 async with connect(self._ws_url(), additional_headers={"Authorization": f"Bearer {self.cfg.token}"},
                                    open_timeout=5, close_timeout=2, max_size=1 << 26) as ws:
                     self._ws, self._conn_id = ws, self._conn_id + 1
-                    if self._conn_id > 1:
+                    if self._conn_id > 1 and not self._switching:
                         self._say(f"reconnected; resuming after seq {self.last_seq}", "33")
                         self._spawn(self._after_reconnect(self._conn_id))
+                    self._switching = False
                     self._connected.set()
                     delay, down_since = BACKOFF_FIRST_S, None
                     try:
@@ -308,6 +382,8 @@ class ChatClient:
                             self._on_message(raw)
                     except ConnectionClosed:
                         pass
+                    if self._switching:
+                        continue  # to another session (/model): connect to it at once
                     code, reason = ws.close_code or 1006, ws.close_reason or ""
                     if code - 4000 in FATAL:
                         raise ChatError(f"{FATAL[code - 4000]} ({reason or 'close code'} {code})")
@@ -399,6 +475,22 @@ class ChatClient:
         self._spawn(self._send_now({"type": "interrupt"}))
 
     async def run(self) -> int:
+        """Chat until the user quits; then (status 0) keep the session's changes in :attr:`end`."""
+        try:
+            status = await self._chat()
+            if status == 0 and self.session_id:
+                try:
+                    self.end = await self._changes()
+                    if self.end and not self.cfg.json:
+                        page = await self._rest("GET", f"/v1/sessions/{self.session_id}/diff", timeout=120.0)
+                        self.end_diff = str(page.get("diff") or "")
+                except ChatError as exc:
+                    self._say(f"could not fetch the session's changes: {exc}", "33")
+            return status
+        finally:
+            await self._http.aclose()
+
+    async def _chat(self) -> int:
         loop = asyncio.get_running_loop()
         lines = StdinLines(loop)
         with contextlib.suppress(NotImplementedError, RuntimeError):  # not on Windows
@@ -417,6 +509,14 @@ class ChatClient:
                     return 0
                 if not line.strip():
                     continue
+                if line.startswith("/") and not line.startswith("//"):
+                    await self._until(self._command(line.strip()))
+                    continue
+                if line.startswith("//"):
+                    line = line[1:]
+                await self._until(self._checkpoint())
+                if self._note:
+                    line, self._note = self._note + line, ""
                 t = self._turn = _Turn(text=line, after=self.last_seq)
                 await self._until(self._connected.wait())
                 await self._send_line(t)
@@ -434,18 +534,201 @@ class ChatClient:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self._http.aclose()
+
+    # -- commands (at the prompt, never during a turn) ---------------------------------
+
+    async def _command(self, line: str) -> None:
+        name, _, arg = line.partition(" ")
+        arg = arg.strip()
+        if name == "/help":
+            self._print(HELP)
+        elif name == "/diff":
+            await self._show_diff()
+        elif name == "/apply":
+            await self._apply()
+        elif name == "/undo":
+            await self._undo()
+        elif name == "/model":
+            await self._model(arg)
+        else:
+            self._say(f"unknown command {name} (/help lists them; //text sends /text)", "33")
+
+    def _print(self, text: str) -> None:
+        target = self.err if self.cfg.json else self.out
+        target.write(inert(text) + ("" if text.endswith("\n") else "\n"))
+        target.flush()
+
+    async def _try(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
+        """Like :meth:`_rest`, but a refusal is returned as ``(status, detail)`` instead of raised."""
+        if "json" in kwargs:
+            kwargs["content"] = json.dumps(kwargs.pop("json"))
+            kwargs["headers"] = {"Content-Type": "application/json"}
+        try:
+            r = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ChatError(f"cannot reach the Flywheel server at {self.cfg.server}: "
+                            f"{exc or type(exc).__name__}") from None
+        try:
+            body = r.json()
+        except ValueError:
+            body = r.text
+        if r.status_code >= 400 and isinstance(body, dict):
+            body = body.get("detail", body)
+        return r.status_code, body
+
+    async def _changes(self) -> ChangeSet | None:
+        """The session's changes (None if this server cannot send them)."""
+        code, body = await self._try("GET", f"/v1/sessions/{self.session_id}/changes", timeout=120.0)
+        if code == 404 and not str(body).startswith("no session"):
+            self._say("this server does not send a session's changes (no /changes route); "
+                      "use `flywheel sessions diff` on the server's machine", "33")
+            return None
+        if code >= 400:
+            raise ChatError(f"the server refused (HTTP {code}: {body})")
+        try:
+            return ChangeSet.from_json(body)
+        except ApplyError as exc:
+            raise ChatError(str(exc)) from None
+
+    async def _show_diff(self) -> None:
+        page = await self._rest("GET", f"/v1/sessions/{self.session_id}/diff", timeout=120.0)
+        diff = str(page.get("diff") or "")
+        self._print(diff if diff else "no changes yet")
+
+    async def _apply(self) -> None:
+        changes = await self._changes()
+        if changes is None:
+            return
+        target, why = self.apply_target()
+        if not changes:
+            self._print("no changes to apply")
+            return
+        outcome = finish(changes, target, choice="apply", say=self.err if self.cfg.json else self.out,
+                         no_target=why, expected=self.applied)
+        if outcome.status == 0:
+            self.applied.update({c.path: c.new for c in changes.changes})
+
+    def apply_target(self) -> tuple[Path | None, str]:
+        """The session's original directory on this machine, or None and why not."""
+        if self.original is None:
+            return None, "the session's original directory is not known"
+        if not self.original.is_dir():
+            return None, f"the session's directory {self.original} is not on this machine"
+        return self.original, ""
+
+    async def _checkpoint(self) -> None:
+        """Snapshot the workspace before a message, so /undo can put it back."""
+        if not self._undo_ok:
+            return
+        code, body = await self._try("POST", f"/v1/sessions/{self.session_id}/checkpoints", timeout=120.0)
+        if code == 404 and not str(body).startswith("no session"):
+            self._undo_ok = False  # an older server: /undo will say so
+        elif code < 400 and isinstance(body, dict) and isinstance(body.get("snapshot"), str):
+            self._checkpoints.append(body["snapshot"])
+
+    async def _undo(self) -> None:
+        if not self._undo_ok:
+            self._say("this server has no checkpoints, so /undo cannot work with it", "33")
+            return
+        if not self._checkpoints:
+            self._say("nothing to undo (no message sent from this chat yet)", "33")
+            return
+        code, body = await self._try("POST", f"/v1/sessions/{self.session_id}/restore",
+                                     json={"snapshot": self._checkpoints[-1]}, timeout=120.0)
+        if code >= 400:
+            self._say(f"cannot undo: {body} (HTTP {code})", "31")
+            return
+        self._checkpoints.pop()
+        restored = [str(p) for p in body.get("restored", [])]
+        if not restored:
+            self._print("the last turn changed no files; nothing to undo")
+            return
+        shown = ", ".join(restored[:10]) + (f" and {len(restored) - 10} more" if len(restored) > 10 else "")
+        self._print(f"undid the last turn's changes to {len(restored)} file(s): {shown} "
+                    "(the model is told with your next message)")
+        self._note = (f"[The user undid the changes of your previous turn; these files are back as they were "
+                      f"before it: {shown}.]\n\n")
+        if any(p in {c for c in map(_display, self.applied)} for p in restored):
+            self._say("note: /apply already wrote some of these files to your directory; /undo does not take "
+                      "them back there (run /apply again to write the workspace's state)", "33")
+
+    async def _model(self, name: str) -> None:
+        info = await self._rest("GET", f"/v1/sessions/{self.session_id}")
+        policy = info.get("policy") if isinstance(info.get("policy"), dict) else {}
+        kind = policy.get("kind")
+        if not name:
+            what = f"openai, model {policy.get('model')!r}" if kind == "openai" else str(kind)
+            self._print(f"model: {what}")
+            return
+        if kind != "openai":
+            self._say(f"this session's policy is {kind!r}; /model switches the model of an openai session", "33")
+            return
+        new_policy = {"kind": "openai", "model": name, "temperature": policy.get("temperature", 0.0)}
+        self._print(f"continuing with {name!r} in a branch of this session (its {self.steps} model call(s) are "
+                    "re-executed on a fresh copy of the starting workspace)…")
+        new = await self._rest("POST", f"/v1/sessions/{self.session_id}/branch", timeout=600.0,
+                               json={"from_step": self.steps, "policy": new_policy, "auto_continue": False})
+        fresh = await self._rest("GET", f"/v1/sessions/{new['id']}")
+        old, self.session_id = self.session_id, str(new["id"])
+        self.last_seq, self._checkpoints = int(fresh.get("last_seq", 0)), []
+        conn = self._conn_id
+        self._switching = True
+        if (ws := self._ws) is not None:
+            await ws.close()
+        while self._conn_id == conn:
+            await asyncio.sleep(0.02)
+        self._print(f"now in session {self.session_id} with model {name!r} (attach with --session "
+                    f"{self.session_id}); session {old} is unchanged")
+
+
+def _display(path: str) -> str:
+    from tools.paths import display_path
+
+    return display_path(path)
+
+
+def review(client: ChatClient, *, ask: Any = None) -> int:
+    """The end of a chat: show the session's changes, then apply / export / leave them
+    (:func:`backend.review.finish`). ``ask`` reads an answer (None: not interactive)."""
+    changes = client.end
+    if changes is None:
+        return 0
+    cfg = client.cfg
+    say = client.err if cfg.json else client.out
+    if not changes:
+        return 0
+    if not cfg.json:
+        diff = client.end_diff
+        say.write(inert(f"\nthe session's changes ({changes.summary()}):\n{diff}"
+                        + ("" if diff.endswith("\n") else "\n")))
+        say.flush()
+    target, why = client.apply_target()
+    sid = client.session_id
+    return finish(changes, target, choice=cfg.end_choice, say=say, patch_file=cfg.export_patch, ask=ask,
+                  no_target=why, expected=client.applied,
+                  retry_hint=f"attach again to apply them: flywheel chat --session {sid} --apply < /dev/null").status
+
+
+def _ask(prompt: str) -> str | None:
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
 
 
 def run_chat(args: argparse.Namespace) -> int:
     """Entry point of ``flywheel chat``; returns the exit status."""
     try:
         cfg = ChatConfig.from_args(args)
+        clients: list[ChatClient] = []
 
         async def main() -> int:
-            return await ChatClient(cfg).run()
+            clients.append(ChatClient(cfg))
+            return await clients[0].run()
 
-        return asyncio.run(main())
+        status = asyncio.run(main())
     except ChatError as exc:
         print(inert(f"flywheel chat: {exc}"), file=sys.stderr)
         return 1
+    interactive = not cfg.json and sys.stdin is not None and sys.stdin.isatty() and sys.stdout.isatty()
+    return max(status, review(clients[0], ask=_ask if interactive else None))

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from backend.db.log import SessionLog
     from backend.settings import Settings
+    from tools.workspace import Workspace
 
 DEMO_DIR = Path(__file__).with_name("demo")
 
@@ -27,7 +33,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         help="run one agent turn on a workspace and print the live transcript",
         description=(
             "Run one agent turn on an isolated copy of a workspace. With no --workspace/--git "
-            "and no request, runs the bundled demo (a scripted policy fixing a bug)."
+            "and no request, runs the bundled demo (a scripted policy fixing a bug). At the end the changes "
+            "are shown as a diff: apply them to the original directory (refused, with nothing written, if a "
+            "file they touch changed there meanwhile), export a patch, or discard them. On a terminal it asks; "
+            "for scripts use --apply/--yes, --export-patch FILE or --discard."
         ),
     )
     p.add_argument("request", nargs="?", help="what to ask the agent (default: the demo's request)")
@@ -37,7 +46,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--commit", default="HEAD", help="commit for --git (default: HEAD)")
     p.add_argument(
         "--policy", default=None,
-        help="scripted:FILE.json (recorded outputs) or openai[:MODEL] (default: the demo script)",
+        help="scripted:FILE.json (recorded outputs) or openai[:MODEL] (default: `policy` in the config file; "
+        "the demo script when no --workspace/--git is given)",
     )
     p.add_argument("--base-url", help="OpenAI-compatible base URL (env FLYWHEEL_OPENAI_BASE_URL)")
     p.add_argument("--model", help="model name for --policy openai (env FLYWHEEL_OPENAI_MODEL)")
@@ -46,6 +56,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="chat (default) or completions: send the runtime's own rendered prompt, byte for byte "
                    "what a local policy sees, and get token ids back (use with `flywheel policy serve`)")
     p.add_argument("--json", action="store_true", help="print events as JSON lines instead of a transcript")
+    _add_end_choice(p, "the original directory (--workspace, or the --git repository's working tree)")
     p.add_argument("--max-steps", type=int, default=30, help="model calls per turn (default 30)")
     p.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit for the turn, seconds")
     p.add_argument("--data-dir", type=Path, help="keep the workspace here (default: a temporary directory)")
@@ -56,6 +67,32 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         help="run commands WITHOUT isolation if bubblewrap is missing (dangerous)",
     )
     p.set_defaults(func=_cmd_run)
+
+
+def _add_end_choice(p: argparse.ArgumentParser, original: str) -> None:
+    """``--apply``/``--yes``, ``--export-patch``, ``--discard`` and ``--approval-mode`` (run and chat)."""
+    end = p.add_mutually_exclusive_group()
+    end.add_argument("--apply", "--yes", "-y", dest="apply", action="store_true",
+                     help=f"at the end, apply the session's changes to {original} without asking; "
+                     "if a file they touch changed there since the session started, apply nothing and exit 1")
+    end.add_argument("--export-patch", type=Path, metavar="FILE",
+                     help="at the end, write the changes as a patch for `git apply` instead of asking")
+    end.add_argument("--discard", action="store_true", help="at the end, discard the changes without asking")
+    p.add_argument("--approval-mode", choices=["ask-commands", "ask-edits", "auto"],
+                   help="ask before commands, before edits (and commands), or never (default: `approval_mode` "
+                   "in the config file, else auto)")
+
+
+def _end_choice(args: argparse.Namespace) -> str:
+    return "apply" if args.apply else "export" if args.export_patch else "discard" if args.discard else "ask"
+
+
+def _ask(prompt: str) -> str | None:
+    """One answer from the terminal; None at end of input."""
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
@@ -77,31 +114,27 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_serve)
 
 
-def _add_token(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("token", help="manage API tokens")
-    tsub = p.add_subparsers(dest="token_command", metavar="ACTION", required=True)
-    c = tsub.add_parser("create", help="create a token (printed once; stored hashed)")
-    c.add_argument("--name", required=True)
-    c.add_argument("--role", choices=["user", "staff"], default="user")
-    c.add_argument("--db", help="SQLAlchemy URL (default: the server's SQLite file)")
-    c.add_argument("--data-dir", type=Path)
-    c.set_defaults(func=_cmd_token_create)
-
-
 def _add_chat(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "chat", help="chat with an agent on a running server (terminal client of the WebSocket protocol)",
         description="Start a session on a workspace (--workspace) or attach to one (--session) on a running "
         "`flywheel serve`, then send each input line as a user message and show the live transcript. "
-        "Ctrl-C interrupts the turn (at the prompt it quits); /quit or EOF ends the chat.",
+        "Ctrl-C interrupts the turn (at the prompt it quits); /quit or EOF ends the chat, then the session's "
+        "changes are shown with the choice to apply them, export a patch or leave them. /help lists the "
+        "commands (/diff, /apply, /undo, /model).",
     )
-    p.add_argument("--server", help="server URL (env FLYWHEEL_SERVER; default http://127.0.0.1:8421)")
-    p.add_argument("--token", help="API token (env FLYWHEEL_TOKEN)")
+    p.add_argument("--server", help="server URL (env FLYWHEEL_SERVER, or `server` in the config file; "
+                   "default http://127.0.0.1:8421)")
+    p.add_argument("--token", help="API token (env FLYWHEEL_TOKEN, or `token` in the config file)")
     target = p.add_mutually_exclusive_group()
     target.add_argument("--workspace", type=Path, help="start a new session on this directory (on the server)")
     target.add_argument("--session", metavar="ID", help="attach to an existing session (its history is shown first)")
-    p.add_argument("--policy", metavar="JSON", help='policy for a new session: JSON such as {"kind": "openai"} (the default), or "demo" for the bundled scripted demo')
+    p.add_argument("--policy", metavar="POLICY",
+                   help='policy for a new session: JSON such as {"kind": "openai"}, openai[:MODEL], '
+                   'scripted:FILE.json, or "demo" for the bundled scripted demo (default: `policy` in the config '
+                   'file, else {"kind": "openai"})')
     p.add_argument("--json", action="store_true", help="print events as JSON lines instead of a transcript")
+    _add_end_choice(p, "the session's directory (on this machine)")
 
     def run(args: argparse.Namespace) -> int:
         from backend.chat import run_chat
@@ -261,7 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_run(sub)
     _add_serve(sub)
-    _add_token(sub)
+    from backend import sessions_cli, tokens_cli
+
+    tokens_cli.add_parser(sub)
+    sessions_cli.add_parser(sub)
     from backend import replay_cli
 
     replay_cli.add_parser(sub)
@@ -315,6 +351,16 @@ async def _run(args: argparse.Namespace) -> int:
     from tools.sandbox import SandboxUnavailable, make_sandbox
     from tools.workspace import WorkspaceError, WorkspaceStore
 
+    from backend.settings import ClientSettings, LocalSettings, SettingsError, load_settings
+
+    try:  # FLYWHEEL_UNSAFE_NO_SANDBOX and the index directory, as the server reads them
+        local = load_settings(LocalSettings, unsafe_no_sandbox=args.unsafe_no_sandbox or None)
+        client = load_settings(ClientSettings, approval_mode=args.approval_mode)  # the config file's defaults
+    except SettingsError as exc:
+        raise CliError(str(exc)) from None
+    # Stored for the session's approvals (ask-commands | ask-edits | auto); this driver
+    # does not ask yet, so every mode behaves as auto here.
+    args.approval_mode = client.approval_mode
     demo = args.workspace is None and args.git is None
     request = args.request
     policy_spec = args.policy
@@ -322,18 +368,16 @@ async def _run(args: argparse.Namespace) -> int:
         script = json.loads((DEMO_DIR / "script.json").read_text())
         request = request or script["request"]
         policy_spec = policy_spec or f"scripted:{DEMO_DIR / 'script.json'}"
+    elif policy_spec is None and client.policy is not None:
+        policy_spec = _policy_spec(client.policy)
     if not request:
         raise CliError("give a request, e.g. flywheel run --workspace . \"fix the failing test\"")
     if policy_spec is None:
-        raise CliError("choose a policy: --policy scripted:FILE.json or --policy openai[:MODEL]")
+        raise CliError("choose a policy: --policy scripted:FILE.json or --policy openai[:MODEL] "
+                       "(or set `policy` in the config file)")
+    if policy_spec == "demo":
+        policy_spec = f"scripted:{DEMO_DIR / 'script.json'}"
     policy = make_policy(policy_spec, base_url=args.base_url, model=args.model, api_key=args.api_key, api=args.api)
-
-    from backend.settings import LocalSettings, SettingsError, load_settings
-
-    try:  # FLYWHEEL_UNSAFE_NO_SANDBOX and the index directory, as the server reads them
-        local = load_settings(LocalSettings, unsafe_no_sandbox=args.unsafe_no_sandbox or None)
-    except SettingsError as exc:
-        raise CliError(str(exc)) from None
     allow_unsafe = local.unsafe_no_sandbox
     tmp = None
     if args.data_dir is None:
@@ -372,18 +416,16 @@ async def _run(args: argparse.Namespace) -> int:
         limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout), sink=CallbackSink(sink_fn),
     )
     loop = asyncio.get_running_loop()
-    try:
-        import signal
-
+    with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, session.interrupt)
-    except (NotImplementedError, RuntimeError):
-        pass
     try:
         outcome = await session.run_turn(request)
     finally:
         await policy.aclose()
         if index is not None:
             index.close()
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)  # Ctrl-C at the prompt below quits
     if not args.json:
         changed = workspace.diff()
         print()
@@ -395,23 +437,61 @@ async def _run(args: argparse.Namespace) -> int:
             print("no workspace changes")
         if tmp is None:
             print(f"workspace kept at {workspace.root}")
+    status = 0 if outcome.reason == "completed" else 1
+    status = max(status, _review(args, workspace, None if demo else (args.workspace or args.git)))
     if tmp is None:  # the host's git may now touch the kept tree: disable planted hooks and config
         print(workspace.neutralise_git().summary(), file=sys.stderr)
     if tmp is not None:
         workspace.close()
         tmp.cleanup()
-    return 0 if outcome.reason == "completed" else 1
+    return status
+
+
+def _review(args: argparse.Namespace, workspace: Workspace, original: Path | None) -> int:
+    """The end of ``flywheel run``: apply the changes to ``original``, export them, or discard them."""
+    from backend.apply_back import ApplyError, ChangeSet
+    from backend.review import finish
+
+    say = sys.stderr if args.json else sys.stdout
+    try:
+        changes = ChangeSet.from_workspace(workspace)
+    except ApplyError as exc:
+        print(f"flywheel run: {exc}", file=sys.stderr)
+        return 1
+    interactive = not args.json and sys.stdin.isatty() and sys.stdout.isatty()
+    again = "run again with --apply, or with --export-patch FILE to get a patch"
+    outcome = finish(
+        changes, Path(os.path.realpath(original)) if original is not None else None, choice=_end_choice(args),
+        say=say, patch_file=args.export_patch, ask=_ask if interactive else None, retry_hint=again,
+        no_target="the demo works on Flywheel's bundled example, so its changes are not applied anywhere; "
+        "use --workspace DIR for your own project",
+    )
+    return outcome.status
+
+
+def _policy_spec(value: str | dict[str, object]) -> str:
+    """A config-file ``policy`` as a ``--policy`` spec (an ``openai`` object becomes ``openai:MODEL``)."""
+    if isinstance(value, str):
+        return value
+    if value.get("kind") == "openai" and set(value) <= {"kind", "model"}:
+        return f"openai:{value['model']}" if value.get("model") else "openai"
+    raise CliError(f"`policy` in the config file is an object {value!r}; flywheel run takes a spec string "
+                   "such as \"openai:MODEL\" or \"scripted:FILE.json\"")
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    from backend.settings import Settings
+    """The server's settings with the flags applied; :class:`CliError` names a bad flag or variable."""
+    from backend.settings import Settings, SettingsError, load_settings
 
     overrides = {
         "host": getattr(args, "host", None), "port": getattr(args, "port", None), "db_url": getattr(args, "db", None),
         "data_dir": getattr(args, "data_dir", None), "allowed_roots": getattr(args, "allow_root", None),
         "openai_base_url": getattr(args, "openai_base_url", None), "openai_model": getattr(args, "openai_model", None),
     }
-    return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    try:
+        return load_settings(Settings, **overrides)
+    except SettingsError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _open_log(settings: Settings) -> SessionLog:
@@ -423,34 +503,30 @@ def _open_log(settings: Settings) -> SessionLog:
     return SessionLog(engine)
 
 
-def _cmd_token_create(args: argparse.Namespace) -> int:
-    from backend.db.log import TokenError
-
-    log = _open_log(_settings(args))
-    try:
-        token = log.create_token(args.name, args.role)
-    except TokenError as exc:
-        print(f"flywheel token create: {exc}", file=sys.stderr)
-        return 1
-    print(token)
-    print(f"(token for {args.name!r}, role {args.role}; it is shown only now)", file=sys.stderr)
-    return 0
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from backend.app import create_app
     from backend.settings import InsecureSettings
 
-    settings = _settings(args)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        settings = _settings(args)
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        lock = lock_data_dir(settings.data_dir)  # held (open) for the server's life
+    except OSError as exc:
+        print(f"flywheel serve: cannot use the data directory: {exc}", file=sys.stderr)
+        return 1
+    except CliError as exc:
+        print(f"flywheel serve: {exc}", file=sys.stderr)
+        return 1
     log = _open_log(settings)
     token_file = settings.data_dir / "local-token"
     if settings.is_loopback and log.token_count() == 0:
-        token = log.create_token("local", "staff")
+        token = log.create_token(_free_token_name(log, "local"), "staff")
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)
+    if token_file.exists() and log.verify_token(token_file.read_text().strip()) is None:
+        token_file.unlink()  # revoked (`flywheel token revoke`): do not print it as the way in
     try:
         settings.check_secure(token_count=log.token_count())
     except InsecureSettings as exc:
@@ -476,10 +552,63 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                   f"{token_file.read_text().strip()} --workspace {demo} --policy demo\n"
                   f"  then type: {script['request']}", flush=True)
     print(f"database: {settings.database_url.split('@')[-1]}", flush=True)
-    config = uvicorn.Config(create_app(settings), log_level=args.log_level, ws="websockets-sansio")
+    config = uvicorn.Config(with_change_routes(create_app(settings)), log_level=args.log_level,
+                            ws="websockets-sansio")
     server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    finally:
+        os.close(lock)
     return 0
+
+
+def with_change_routes(app: FastAPI) -> FastAPI:
+    """``app`` with the routes ``flywheel chat`` applies and undoes with
+    (``backend/api/routes/changes.py``), unless the app factory already has them."""
+    from backend.api.routes import changes
+
+    if not any(getattr(r, "original_router", None) is changes.router
+               or getattr(r, "path", "") == "/v1/sessions/{session_id}/changes" for r in app.routes):
+        app.include_router(changes.router)
+    return app
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """Take the data directory's ``serve.lock`` (``flock``, exclusive) and return its fd;
+    :class:`CliError` if another ``flywheel serve`` holds it. The lock lasts while the fd
+    is open (the kernel drops it when the process dies, however it dies); the fd is not
+    inherited by the commands the server runs. Not guaranteed: two servers with different
+    data directories but one ``--db`` are not detected."""
+    import fcntl
+
+    path = data_dir / "serve.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        os.close(fd)
+        pid = f" (pid {holder})" if holder.isdigit() else ""
+        raise CliError(f"another flywheel serve{pid} is using the data directory {data_dir}; stop it first, "
+                       "or give this one its own --data-dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _free_token_name(log: SessionLog, name: str) -> str:
+    """``name``, or ``name-2``, ``name-3``... if a (revoked) token already has it."""
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session as DbSession
+
+    from backend.db.models import TokenRow
+
+    with DbSession(log.engine) as db:
+        taken = set(db.scalars(select(TokenRow.name).where(TokenRow.name.startswith(name))))
+    n = 1
+    while (candidate := name if n == 1 else f"{name}-{n}") in taken:
+        n += 1
+    return candidate
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
 """Settings read from ``FLYWHEEL_*`` env vars: the only place the packages read them.
 
-* :class:`ClientSettings`: the terminal clients (``flywheel chat``, ``flywheel replay``):
-  ``FLYWHEEL_SERVER``, ``FLYWHEEL_TOKEN``.
+* :class:`ClientSettings`: the terminal commands (``flywheel chat``, ``flywheel replay``,
+  and the policy and approval mode of ``flywheel run``): ``FLYWHEEL_SERVER``,
+  ``FLYWHEEL_TOKEN``, ``FLYWHEEL_POLICY``, ``FLYWHEEL_APPROVAL_MODE``, each also read from the
+  config file (:func:`config_path`, TOML). Command-line flags override the environment,
+  which overrides the config file.
 * :class:`LocalSettings`: what every driver that runs sessions on this machine shares
   (``flywheel serve``, ``flywheel run``, ``flywheel index``): the data directory, the
   search-index directory (``data_dir/index`` unless ``FLYWHEEL_INDEX_DIR``; one embedding
@@ -24,18 +27,33 @@ Fail-closed rules (checked by :meth:`Settings.check_secure`):
 
 from __future__ import annotations
 
+import json
 import os
+import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from backend.net import is_loopback
 from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, InitSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEMO_WORKSPACE = Path(__file__).with_name("demo") / "workspace"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8421
 DEFAULT_SERVER = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
+
+
+ApprovalMode = Literal["ask-commands", "ask-edits", "auto"]
+APPROVAL_MODES: tuple[str, ...] = ("ask-commands", "ask-edits", "auto")
+"""What a session asks the user before it acts: before running a command, before editing a
+file (and running a command), or nothing (``auto``, the default). Stored and passed on here;
+the session enforces it."""
+
+
+def config_path() -> Path:
+    """The config file: ``$XDG_CONFIG_HOME/flywheel/config.toml``, else ``~/.config/flywheel/config.toml``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "flywheel" / "config.toml"
 
 
 def default_data_dir() -> Path:
@@ -57,11 +75,60 @@ class _FlywheelEnv(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", extra="ignore")
 
 
+def read_config(path: Path, allowed: set[str]) -> dict[str, Any]:
+    """The config file's settings (``{}`` if there is none); :class:`SettingsError` names the
+    file for a file that is not TOML or a key that is not a setting. Not guaranteed: tables
+    (``[section]``) are not settings and are refused like unknown keys."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise SettingsError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"the config file {path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise SettingsError(f"the config file {path} has unknown setting(s) {', '.join(map(repr, unknown))}; "
+                            f"known: {', '.join(sorted(allowed))}")
+    return data
+
+
 class ClientSettings(_FlywheelEnv):
-    """A terminal client's connection: ``FLYWHEEL_SERVER``, ``FLYWHEEL_TOKEN`` (flags override them)."""
+    """The terminal commands' defaults: flags override ``FLYWHEEL_*``, which override the
+    config file (:func:`config_path`), which overrides the defaults here."""
 
     server: str = Field(DEFAULT_SERVER, description="server URL")
     token: str | None = Field(None, description="API token (`flywheel serve` prints one)")
+    policy: Annotated[str | dict[str, Any] | None, NoDecode] = Field(
+        None, description='default policy: "demo", "openai", "openai:MODEL", "scripted:FILE.json", or (chat) a '
+        'policy object such as {kind = "openai", model = "qwen"}')
+    approval_mode: ApprovalMode = Field(
+        "auto", description="ask-commands (ask before running a command), ask-edits (before editing a file or "
+        "running a command) or auto (never ask)")
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_json(cls, value: object) -> object:
+        # NoDecode: an env value stays a string (pydantic-settings would deep-merge a decoded
+        # object with the config file's); one that looks like JSON is decoded here, whole.
+        if isinstance(value, str) and value.lstrip().startswith("{"):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not valid JSON: {exc}") from None
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config = read_config(config_path(), set(cls.model_fields))
+        return init_settings, env_settings, InitSettingsSource(settings_cls, init_kwargs=config)
 
 
 class LocalSettings(_FlywheelEnv):
@@ -142,7 +209,8 @@ class Settings(LocalSettings):
         if token_count == 0:
             raise InsecureSettings(
                 f"refusing to listen on {self.host}: no API token exists. "
-                "Create one with `flywheel token create --name NAME --role user` first."
+                "Create one with `flywheel token create --name NAME --role user` (with this server's "
+                "--data-dir or --db) first."
             )
         if any(o in ("*", "null") for o in self.allowed_origins):
             raise InsecureSettings(f"refusing to listen on {self.host} with a wildcard allowed origin")
@@ -162,6 +230,11 @@ def load_settings(cls: type[S], **overrides: Any) -> S:
         problems = []
         for err in exc.errors():
             name = str(err["loc"][0]) if err["loc"] else "?"
-            where = f"--{name.replace('_', '-')}" if name in overrides else f"FLYWHEEL_{name.upper()}"
-            problems.append(f"{where}={err.get('input')!r}: {err['msg']}")
+            if name in overrides:
+                where = f"--{name.replace('_', '-')}={err.get('input')!r}"
+            elif issubclass(cls, ClientSettings) and f"FLYWHEEL_{name.upper()}" not in os.environ:
+                where = f"{name}={err.get('input')!r} in {config_path()}"
+            else:
+                where = f"FLYWHEEL_{name.upper()}={err.get('input')!r}"
+            problems.append(f"{where}: {err['msg']}")
         raise SettingsError("invalid setting: " + "; ".join(problems)) from None

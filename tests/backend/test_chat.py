@@ -273,3 +273,111 @@ async def test_server_messages_and_raw_json_are_inert(workspace: Path) -> None:
     line = out.getvalue().strip()  # only --json shows an unknown type
     assert json.loads(line)["text"] == "\ufffd \x9b \x1b[2J"
     assert not any(c in line for c in "\x1b\x9b\ud800")
+
+
+# -- the session's changes: /diff, /apply, /undo, /model, and the end of the chat ----------
+
+@pytest.fixture(scope="module")
+def projects(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("projects")
+
+
+@pytest.fixture(scope="module")
+def apply_server(tmp_path_factory: pytest.TempPathFactory, projects: Path) -> Iterator[ServerProcess]:
+    with ServerProcess(data_dir=tmp_path_factory.mktemp("srv2") / "data", allow_roots=[projects]) as srv:
+        yield srv
+
+
+@pytest.fixture
+def project(projects: Path, request: pytest.FixtureRequest) -> Path:
+    p = projects / request.node.name.replace("[", "_").replace("]", "_")
+    p.mkdir()
+    (p / "a.txt").write_text("old\n")
+    return p
+
+
+EDIT = encode_call("edit_file", {"path": "a.txt", "search": "old", "replace": "new"})
+
+
+def test_end_of_chat_applies_with_apply_flag(apply_server: ServerProcess, project: Path) -> None:
+    r = chat(apply_server, "--workspace", str(project), "--policy",
+             scripted([EDIT, encode_call("write_file", {"path": "n/b.txt", "content": "b\n"}), "done"]),
+             "--apply", lines="go\n")
+    assert r.returncode == 0, r.stderr
+    assert (project / "a.txt").read_text() == "new\n" and (project / "n" / "b.txt").read_text() == "b\n"
+    assert "the session's changes (2 file(s): 1 added, 1 modified)" in r.stdout and "+new" in r.stdout
+    assert f"applied to {project}: 2 file(s) written" in r.stdout
+
+
+def test_end_of_chat_without_a_flag_off_a_terminal_only_says_how(apply_server: ServerProcess,
+                                                                 project: Path) -> None:
+    r = chat(apply_server, "--workspace", str(project), "--policy", scripted([EDIT, "done"]), lines="go\n")
+    assert r.returncode == 0, r.stderr
+    assert (project / "a.txt").read_text() == "old\n"
+    sid = r.stdout.split()[1]
+    assert f"flywheel chat --session {sid} --apply" in r.stdout
+    later = chat(apply_server, "--session", sid, "--apply")  # as it says: attach and apply, no message
+    assert later.returncode == 0, later.stderr
+    assert (project / "a.txt").read_text() == "new\n"
+
+
+def test_end_of_chat_refuses_when_the_directory_changed(apply_server: ServerProcess, project: Path) -> None:
+    with subprocess.Popen(chat_cmd(apply_server, "--json", "--workspace", str(project), "--policy",
+                                   scripted([EDIT, "done"]), "--yes"),
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=ENV, cwd=REPO) as proc:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            Reader(proc).until(lambda e: e["type"] == "turn_end")
+            (project / "a.txt").write_text("mine\n")
+            _, err = proc.communicate(timeout=20)  # EOF: the chat ends, --yes applies
+        finally:
+            proc.kill()
+    assert proc.returncode == 1, err
+    assert "a.txt: edited there since the session started" in err and "nothing was written" in err
+    assert (project / "a.txt").read_text() == "mine\n"
+    Path(err.split("saved as a patch: ")[1].split()[0]).unlink()
+
+
+def test_diff_undo_and_the_model_is_told(apply_server: ServerProcess, project: Path) -> None:
+    r = chat(apply_server, "--workspace", str(project), "--json", "--policy",
+             scripted([EDIT, "done", "second answer"]), "--discard",
+             lines="/help\n/undo\ngo\n/diff\n/undo\n/diff\n/bogus\n//slash\n")
+    assert r.returncode == 0, r.stderr
+    err = r.stderr
+    assert "/apply" in err and "nothing to undo" in err
+    assert err.count("+new") == 1 and "no changes yet" in err  # /diff before and after the /undo
+    assert "undid the last turn's changes to 1 file(s): a.txt" in err and "unknown command /bogus" in err
+    texts = [e["text"] for e in events(r.stdout) if e["type"] == "user_message"]
+    assert texts[0] == "go"
+    assert texts[1].startswith("[The user undid the changes of your previous turn") and texts[1].endswith("/slash")
+    assert (project / "a.txt").read_text() == "old\n"
+
+
+def test_apply_mid_chat_then_the_end_applies_the_rest(apply_server: ServerProcess, project: Path) -> None:
+    again = encode_call("edit_file", {"path": "a.txt", "search": "new", "replace": "newer"})
+    r = chat(apply_server, "--workspace", str(project), "--policy", scripted([EDIT, "done", again, "done"]),
+             "--apply", lines="go\n/apply\nagain\n")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(f"applied to {project}") == 2
+    assert (project / "a.txt").read_text() == "newer\n"  # the first /apply is not a conflict for the second
+
+
+@pytest.mark.timeout(120)  # its own server and model server
+def test_model_shows_and_switches_in_a_branch(tmp_path: Path) -> None:
+    from tests.openai_server import ScriptedChatServer
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("old\n")
+    model = ScriptedChatServer([EDIT, "first done", "second answer"])
+    with model.running(), ServerProcess(data_dir=tmp_path / "data", allow_roots=[src], extra_args=[
+            "--openai-base-url", model.base_url, "--openai-model", "base"]) as srv:
+        r = chat(srv, "--workspace", str(src), "--discard", lines="go\n/model\n/model other\nnext\n", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "model: openai, model 'base'" in r.stdout and "now in session" in r.stdout
+    assert "second answer" in r.stdout
+    assert [q["body"]["model"] for q in model.requests] == ["base", "base", "other"]
+    assert "edit_file" not in r.stdout.split("now in session")[1]  # the re-executed steps are not shown again

@@ -108,3 +108,151 @@ def test_model_server_down_is_reported(tmp_path: Path) -> None:
                  env={"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"} if shutil.which("bwrap") is None else None)
     assert r.returncode == 1
     assert "cannot reach the OpenAI-compatible server" in r.stdout + r.stderr
+
+
+# -- the end of a run: apply, export or discard -------------------------------------
+
+NO_BWRAP = {"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"} if shutil.which("bwrap") is None else {}
+
+
+def _edit_project(tmp_path: Path, *extra: str) -> tuple[Path, Path]:
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "a.txt").write_text("old\n")
+    (src / "gone.txt").write_text("bye\n")
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([
+        *extra,
+        encode_call("edit_file", {"path": "a.txt", "search": "old", "replace": "new"}),
+        encode_call("write_file", {"path": "sub/b.txt", "content": "bee\n"}),
+        encode_call("run_command", {"command": "rm gone.txt"}),
+        "ok",
+    ]))
+    return src, script
+
+
+def test_apply_writes_the_changes_to_the_original(tmp_path: Path) -> None:
+    src, script = _edit_project(tmp_path)
+    r = flywheel("run", "--workspace", str(src), "--policy", f"scripted:{script}", "--apply", "change it",
+                 env={**NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (src / "a.txt").read_text() == "new\n" and (src / "sub" / "b.txt").read_text() == "bee\n"
+    assert not (src / "gone.txt").exists()
+    assert f"applied to {src.resolve()}: 2 file(s) written, 1 deleted" in r.stdout
+
+
+def test_apply_refuses_when_the_original_changed_meanwhile(tmp_path: Path) -> None:
+    src, script = _edit_project(tmp_path, encode_call("run_command", {"command": "sleep 2"}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend.cli", "run", "--workspace", str(src), "--policy", f"scripted:{script}",
+         "--yes", "change it"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "NO_COLOR": "1", **NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")},
+        cwd=Path(__file__).resolve().parents[2])
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the workspace was copied once the first command runs
+        if "sleep 2" in line:
+            break
+    (src / "a.txt").write_text("the user's edit\n")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out + err
+    assert (src / "a.txt").read_text() == "the user's edit\n"
+    assert not (src / "sub").exists() and (src / "gone.txt").exists()  # nothing written
+    assert "a.txt: edited there since the session started" in out and "nothing was written" in out
+    saved = Path(out.split("saved as a patch: ")[1].split()[0])
+    try:
+        assert "+bee" in saved.read_text()  # the work is not lost
+    finally:
+        saved.unlink()
+
+
+def test_export_patch_and_the_default_leave_the_original_alone(tmp_path: Path) -> None:
+    src, script = _edit_project(tmp_path)
+    env = {**NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    r = flywheel("run", "--workspace", str(src), "--policy", f"scripted:{script}", "--json",
+                 "--export-patch", str(tmp_path / "out.patch"), "change it", env=env)
+    assert r.returncode == 0, r.stderr
+    assert all(line.startswith("{") for line in r.stdout.splitlines())  # --json: stdout stays JSON lines
+    patch = (tmp_path / "out.patch").read_text()
+    assert "+new" in patch and "deleted file mode 100644" in patch and "wrote" in r.stderr
+    r = flywheel("run", "--workspace", str(src), "--policy", f"scripted:{script}", "change it", env=env)
+    assert r.returncode == 0 and "not applied to" in r.stdout and "--apply" in r.stdout  # no prompt off a terminal
+    assert (src / "a.txt").read_text() == "old\n" and (src / "gone.txt").exists()
+    if shutil.which("git"):
+        check = subprocess.run(["git", "apply", "--check", str(tmp_path / "out.patch")], cwd=src,
+                               capture_output=True, text=True)
+        assert check.returncode == 0, check.stderr
+
+
+def test_demo_is_never_applied(tmp_path: Path) -> None:
+    r = flywheel("run", "--apply", env={**NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    assert r.returncode == 1 and "bundled example" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_config_file_gives_the_default_policy_and_flags_override_it(tmp_path: Path) -> None:
+    src, script = _edit_project(tmp_path)
+    cfg = tmp_path / "cfg" / "flywheel"
+    cfg.mkdir(parents=True)
+    (cfg / "config.toml").write_text(f'policy = "scripted:{script}"\napproval_mode = "ask-edits"\n')
+    env = {**NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+    r = flywheel("run", "--workspace", str(src), "--discard", "change it", env=env)
+    assert r.returncode == 0 and "discarded" in r.stdout and "+new" in r.stdout, r.stderr
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(["nothing to do"]))
+    r = flywheel("run", "--workspace", str(src), "--policy", f"scripted:{other}", "--json", "hi", env=env)
+    assert r.returncode == 0 and "nothing to do" in r.stdout and "edit_file" not in r.stdout
+    (cfg / "config.toml").write_text('approval_mode = "sometimes"\n')
+    r = flywheel("run", "--workspace", str(src), "--discard", "hi", env=env)
+    assert r.returncode == 1 and "approval_mode='sometimes' in" in r.stderr and "Traceback" not in r.stderr
+    (cfg / "config.toml").write_text('polcy = "x"\n')
+    r = flywheel("run", "--workspace", str(src), "hi", env=env)
+    assert r.returncode == 1 and "unknown setting(s) 'polcy'" in r.stderr
+
+
+def test_on_a_terminal_it_asks_and_applies(tmp_path: Path) -> None:
+    import pty
+    import select
+    import time
+
+    src, script = _edit_project(tmp_path)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend.cli", "run", "--workspace", str(src), "--policy", f"scripted:{script}", "go"],
+        stdin=slave, stdout=slave, stderr=slave, close_fds=True, cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "NO_COLOR": "1", **NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
+    os.close(slave)
+    seen = b""
+
+    def until(token: bytes, timeout: float = 60) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while token not in seen:
+            assert time.monotonic() < deadline, seen.decode(errors="replace")[-2000:]
+            if select.select([master], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    break
+        assert token in seen, seen.decode(errors="replace")[-2000:]
+
+    try:
+        until(b"[d]iscard (default): ")
+        assert (src / "a.txt").read_text() == "old\n"  # nothing before the answer
+        os.write(master, b"a\n")
+        until(b"1 deleted")
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        os.close(master)
+    assert (src / "a.txt").read_text() == "new\n" and not (src / "gone.txt").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["serve", "--port", "70000"], "--port=70000: Input should be less than or equal to 65535"),
+    (["sessions", "list", "--db", "sqlite:////nonexistent/dir/x.db"], "no session log at /nonexistent/dir/x.db"),
+    (["token", "list", "--db", "bogus://"], "cannot open the session log"),
+])
+def test_more_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    r = flywheel(*args, "--data-dir", str(tmp_path / "d"))
+    assert r.returncode == 1 and message in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr

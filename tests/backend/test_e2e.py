@@ -93,7 +93,8 @@ def test_serve_refuses_a_public_address_without_tokens(tmp_path: Path) -> None:
 
 
 def test_token_create_cli(tmp_path: Path) -> None:
-    r = flywheel("token", "create", "--name", "carol", "--role", "staff", "--data-dir", str(tmp_path / "d"))
+    r = flywheel("token", "create", "--name", "carol", "--role", "staff", "--data-dir", str(tmp_path / "d"),
+                 "--create-db")
     assert r.returncode == 0 and r.stdout.startswith("fw_")
     dup = flywheel("token", "create", "--name", "carol", "--data-dir", str(tmp_path / "d"))
     assert dup.returncode == 1 and "already exists" in dup.stderr

@@ -74,3 +74,33 @@ def test_sandbox_extra_ro_is_colon_separated(monkeypatch) -> None:
 
     monkeypatch.setenv("FLYWHEEL_SANDBOX_EXTRA_RO", "/opt/py:/srv/tools")
     assert LocalSettings().sandbox_extra_ro == [Path("/opt/py"), Path("/srv/tools")]
+
+
+def test_config_file_under_xdg_config_home_and_what_overrides_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.settings import config_path
+
+    for var in ("FLYWHEEL_SERVER", "FLYWHEEL_TOKEN", "FLYWHEEL_POLICY", "FLYWHEEL_APPROVAL_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    assert config_path() == tmp_path / "flywheel" / "config.toml"
+    assert load_settings(ClientSettings).approval_mode == "auto"  # no file: the defaults
+    (tmp_path / "flywheel").mkdir()
+    config_path().write_text('server = "http://cfg:1"\ntoken = "fw_cfg"\napproval_mode = "ask-commands"\n'
+                             'policy = {kind = "openai", model = "m"}\n')
+    c = load_settings(ClientSettings)
+    assert (c.server, c.token, c.approval_mode, c.policy) == (
+        "http://cfg:1", "fw_cfg", "ask-commands", {"kind": "openai", "model": "m"})
+    monkeypatch.setenv("FLYWHEEL_TOKEN", "fw_env")
+    monkeypatch.setenv("FLYWHEEL_POLICY", '{"kind": "openai"}')  # replaces the file's object, not merged with it
+    c = load_settings(ClientSettings, approval_mode="auto")  # a flag
+    assert (c.server, c.token, c.approval_mode, c.policy) == ("http://cfg:1", "fw_env", "auto", {"kind": "openai"})
+    config_path().write_text("token = \n")
+    with pytest.raises(SettingsError, match="not valid TOML"):
+        load_settings(ClientSettings)
+    config_path().write_text('approval_mode = "never"\n')
+    with pytest.raises(SettingsError, match=r"approval_mode='never' in .*config.toml"):
+        load_settings(ClientSettings)
+    monkeypatch.setenv("FLYWHEEL_APPROVAL_MODE", "never")
+    with pytest.raises(SettingsError, match="FLYWHEEL_APPROVAL_MODE='never'"):
+        load_settings(ClientSettings)
