@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backend import errors
 from backend.api import ws
 from backend.api.deps import AppState
-from backend.api.routes import health, replay, sessions
+from backend.api.routes import changes, health, replay, sessions
 from backend.db.engine import make_engine, migrate
 from backend.db.log import EventWriter, SessionLog
 from backend.hub import Hub, HubError
@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(sessions.router)
     app.include_router(replay.router)
+    app.include_router(changes.router)
     app.include_router(ws.router)
 
     return app

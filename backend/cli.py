@@ -318,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from backend.cli_checks import quiet_third_party
+
+    quiet_third_party()  # known third-party log noise (torchao's CUDA kernels, ...) off for every command
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -495,12 +498,15 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _open_log(settings: Settings) -> SessionLog:
-    from backend.db.engine import make_engine, migrate
+    """The session log at ``settings.database_url``, migrated; a bad URL or an unreachable
+    database is a one-line :class:`CliError` (backend.cli_checks), never a traceback."""
+    from backend.cli_checks import CliCheckError, open_log_engine
     from backend.db.log import SessionLog
 
-    engine = make_engine(settings.database_url)
-    migrate(engine)
-    return SessionLog(engine)
+    try:
+        return SessionLog(open_log_engine(settings.database_url))
+    except CliCheckError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -519,7 +525,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except CliError as exc:
         print(f"flywheel serve: {exc}", file=sys.stderr)
         return 1
-    log = _open_log(settings)
+    try:
+        log = _open_log(settings)
+    except CliError as exc:
+        os.close(lock)
+        print(f"flywheel serve: {exc}", file=sys.stderr)
+        return 1
     token_file = settings.data_dir / "local-token"
     if settings.is_loopback and log.token_count() == 0:
         token = log.create_token(_free_token_name(log, "local"), "staff")
