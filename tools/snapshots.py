@@ -201,15 +201,17 @@ def canonical_json(manifest: Mapping[str, ManifestEntry], origin: str | None = N
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def file_entry(item: TreeItem, blobs: BlobStore | None, max_file_bytes: int | None) -> ManifestEntry:
+def file_entry(item: TreeItem, blobs: BlobStore | None, max_file_bytes: int | None, *,
+               strict: bool = False) -> ManifestEntry:
     """The manifest entry of a regular file, hashed streamed; with ``blobs``, also stored.
 
-    Over ``max_file_bytes`` (``None``: no limit): with ``blobs``, raises
-    :class:`FileTooLargeError`; without, returns an unhashed entry (size only).
+    Over ``max_file_bytes`` (``None``: no limit): with ``blobs`` or
+    ``strict``, raises :class:`FileTooLargeError`; otherwise returns an
+    unhashed entry (size only).
     """
     size, executable = item.st.st_size, bool(item.st.st_mode & 0o100)
     if max_file_bytes is not None and size > max_file_bytes:
-        if blobs is not None:
+        if blobs is not None or strict:
             raise FileTooLargeError(item.path, size, max_file_bytes)
         return ManifestEntry(EntryKind.FILE, sha256=None, executable=executable, size=size)
     fd = open_item(item)
@@ -246,13 +248,14 @@ def _shown_by(ignore: IgnoreRules | None) -> Callable[[TreeItem], bool] | None:
 def build_manifest(
     root: str | os.PathLike[str], blobs: BlobStore | None, *,
     max_file_bytes: int | None = MAX_SNAPSHOT_FILE_BYTES, on_limit: OnLimit | None = None,
-    ignore: IgnoreRules | None = None,
+    ignore: IgnoreRules | None = None, strict: bool = False,
 ) -> dict[str, ManifestEntry]:
     """Describe the tree at ``root``; with ``blobs``, also store every file's bytes.
 
     With ``ignore``, paths it does not show are left out: never read,
     hashed, stored or checked against the limits.
-    Raises :class:`FileTooLargeError` (with ``blobs``) and
+    Raises :class:`FileTooLargeError` (with ``blobs`` or ``strict``: a
+    manifest whose blobs the caller stores later) and
     :class:`TreeTooDeepError` (without ``on_limit``); see the module docstring.
     """
     manifest: dict[str, ManifestEntry] = {}
@@ -266,7 +269,7 @@ def build_manifest(
                 manifest[item.path] = ManifestEntry(EntryKind.SYMLINK, target=target)
             elif stat.S_ISREG(mode):
                 try:
-                    manifest[item.path] = file_entry(item, blobs, max_file_bytes)
+                    manifest[item.path] = file_entry(item, blobs, max_file_bytes, strict=strict)
                 except FileNotFoundError:
                     continue  # removed while walking
     except TreeLimitError as exc:

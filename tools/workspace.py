@@ -149,11 +149,19 @@ class WorkspaceStore:
         tree = self.root / "ws" / ws_id / "tree"
         try:
             if base is None:
-                rules = IgnoreRules(tree_loader(tree), kept or set()) if ignore else None
+                # an in-place source is hashed through its own path (no overlay on the way), and its
+                # blobs are stored in the background: the workspace is usable once it is hashed
+                later = layout.source is not None
+                walk = Path(layout.source) if later and layout.source else tree
+                rules = IgnoreRules(tree_loader(walk), kept or set()) if ignore else None
                 try:
-                    manifest = build_manifest(tree, self.blobs, max_file_bytes=self.max_file_bytes, ignore=rules)
+                    manifest = build_manifest(walk, None if later else self.blobs, ignore=rules, strict=True,
+                                              max_file_bytes=self.max_file_bytes)
                 except SnapshotError as exc:
                     raise WorkspaceError(f"cannot create the workspace: {exc}") from None
+                if later:
+                    self.blobs.put_later(walk, [(p, e.sha256, e.size) for p, e in manifest.items()
+                                                if e.sha256 is not None])
                 base = Snapshot.from_manifest(manifest, layout.origin)
                 self.save_snapshot(base)
             (self.root / "ws" / ws_id / "meta.json").write_text(json.dumps(layout.to_json(base.id)))

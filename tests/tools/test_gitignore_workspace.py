@@ -102,6 +102,7 @@ def test_ignored_trees_are_not_snapshotted_but_stay_usable(tmp_path: Path, proje
     ws = store.from_dir(project, in_place=in_place)
     assert not any(p.startswith(".venv") or p.endswith(".pyc") for p in ws.base.manifest)
     assert ".gitignore" in ws.base.manifest and "src/main.py" in ws.base.manifest
+    store.blobs.wait()  # an in-place source's blobs are stored in the background
     assert blob_count(store) == len({e.sha256 for e in ws.base.manifest.values() if e.sha256})
     assert ws.read_bytes(".venv/lib/site-packages/fwdemo.py") == b"ANSWER = 42\n"  # still there
     # the model's ignored output is not shown; its real changes are
@@ -218,3 +219,27 @@ def test_venv_of_an_in_place_workspace_works_in_the_sandbox(tmp_path: Path, proj
     finally:
         ws.delete()
     assert os.path.exists(site / "fwdemo.py")
+
+
+def test_in_place_blobs_are_stored_in_the_background_and_reads_wait_for_them(tmp_path: Path,
+                                                                             project: Path) -> None:
+    store = WorkspaceStore(tmp_path / "store")
+    ws = store.from_dir(project, in_place=True)
+    sha = ws.base.manifest["src/main.py"].sha256
+    assert sha is not None
+    assert store.blobs.has(sha)  # waits for the background store if it has not got there yet
+    ws.write_bytes("src/main.py", b"changed\n")
+    assert "-print(add(1, 2))" in ws.diff()  # the old side comes from the blob
+    ws.delete()
+
+
+def test_a_source_file_changed_before_its_blob_is_stored_is_not_stored(tmp_path: Path) -> None:
+    from tools.blobs import BlobStore
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("new content\n")
+    blobs = BlobStore(tmp_path / "blobs")
+    stale = "0" * 64  # the hash it had when it was hashed
+    blobs.put_later(src, [("a.txt", stale, 12)]).join()
+    assert not blobs.has(stale)

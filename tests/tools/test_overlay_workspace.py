@@ -251,3 +251,16 @@ def test_sigterm_of_an_open_workspace_leaves_no_mount(cow_store: WorkspaceStore,
 
 def test_workspace_repr_names_its_layering(workspace: Workspace) -> None:
     assert str(workspace.layering) in repr(workspace)
+
+
+def test_an_in_place_source_with_a_file_over_the_limit_is_refused(cow_store: WorkspaceStore,
+                                                                  src_tree: Path) -> None:
+    with open(src_tree / "big", "wb") as f:
+        f.truncate(8 << 30)
+    with pytest.raises(WorkspaceError, match="'big' is 8.0 GiB"):
+        cow_store.from_dir(src_tree, in_place=True)
+    assert list((cow_store.root / "ws").iterdir()) == [] and mounts_under(cow_store.root) == []
+    (src_tree / ".gitignore").write_text("big\n")  # ignored: never looked at
+    ws = cow_store.from_dir(src_tree, in_place=True)
+    assert "big" not in ws.base.manifest and (ws.root / "big").stat().st_size == 8 << 30
+    ws.delete()
