@@ -113,7 +113,7 @@ class WorkspaceStore:
     def overlay_unavailable(self) -> str | None:
         """None if this store mounts overlays, else why not (probed once)."""
         if not self._probed:
-            self._overlay_reason = overlay_unavailable(self.root / "ws")
+            self._overlay_reason = overlay_unavailable(self.root)
             self._probed = True
             if self._overlay_reason is not None and self._overlay_wanted:
                 raise WorkspaceError(f"overlays do not work in {self.root}: {self._overlay_reason}")
