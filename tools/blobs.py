@@ -117,7 +117,7 @@ class BlobStore:
                     try:
                         if not self.path(sha).exists():
                             self._put_file(root, path, sha, size)
-                    except (OSError, SnapshotError) as exc:
+                    except Exception as exc:  # gone, changed, unreadable: a warning, never a crash
                         log.warning("blob %s of %r not stored: %s", sha, display_path(path), exc)
                     finally:
                         self._done(sha, event)

@@ -241,5 +241,6 @@ def test_a_source_file_changed_before_its_blob_is_stored_is_not_stored(tmp_path:
     (src / "a.txt").write_text("new content\n")
     blobs = BlobStore(tmp_path / "blobs")
     stale = "0" * 64  # the hash it had when it was hashed
-    blobs.put_later(src, [("a.txt", stale, 12)]).join()
-    assert not blobs.has(stale)
+    gone = "1" * 64
+    blobs.put_later(src, [("a.txt", stale, 12), ("removed.txt", gone, 3)]).join()  # no exception either
+    assert not blobs.has(stale) and not blobs.has(gone)
