@@ -4,7 +4,7 @@ A :class:`WorkspaceStore` is a directory::
 
     root/ws/<id>/tree          one workspace's files (what tools and commands see)
     root/ws/<id>/upper, work   its overlay's upper and work directories (copy-on-write)
-    root/ws/<id>/meta.json     its starting snapshot id and layout (tools.workspace_tree.Layout)
+    root/ws/<id>/meta.json     its starting snapshot id and layout (tools.workspace_layout.Layout)
     root/layers/<id>/          read-only layers workspaces mount (see tools.layers)
     root/blobs/ab/cdef...      file bytes, content-addressed, shared by every workspace
     root/snapshots/<id>.json   snapshot manifests (see tools.snapshots)
@@ -21,7 +21,7 @@ Elsewhere (no overlay: not root, or an upper file system overlayfs refuses)
 trees are plain directories made with ``cp -a``, with reflinks where the file
 system has them, and a progress bar on stderr for a copy that takes more
 than a second. :attr:`Workspace.layering` and :meth:`Layout.describe
-<tools.workspace_tree.Layout.describe>` say which was used, and why.
+<tools.workspace_layout.Layout.describe>` say which was used, and why.
 
 Snapshots, diffs and change summaries show what ``.gitignore`` does not hide
 (see :mod:`tools.workspace_tree`); the starting snapshot of a source that is a
@@ -54,16 +54,14 @@ import json
 import os
 import re
 import secrets
-import subprocess
-import tempfile
 from pathlib import Path
 
 from tools.blobs import BlobStore
 from tools.diffs import ChangeEntry, ChangeKind, unified_diff
 from tools.gitignore import IgnoreRules, tree_loader
-from tools.gitsafe import host_env, host_git
+from tools.gitsafe import GitArchiveError, archive_into, host_git, tracked_paths
 from tools.layers import LayerError, LayerStore
-from tools.overlay import OverlayError, is_mountpoint, mount_overlay, overlay_unavailable, unmount
+from tools.overlay import OverlayError, is_mountpoint, overlay_unavailable
 from tools.snapshots import (
     MAX_SNAPSHOT_FILE_BYTES,
     Snapshot,
@@ -71,17 +69,14 @@ from tools.snapshots import (
     build_manifest,
     restore_tree,
 )
-from tools.treecopy import CopyError, copy_tree
-from tools.treewalk import TreeLimitError, remove_path, scan_tree, short_path
-from tools.workspace_tree import DirEntryInfo, Layering, Layout, Workspace, WorkspaceError
+from tools.treewalk import remove_path, short_path
+from tools.workspace_layout import MAX_LAYERS, Layering, Layout, TreeMaker, WorkspaceError
+from tools.workspace_tree import DirEntryInfo, Workspace
 
 __all__ = [
-    "ChangeEntry", "ChangeKind", "DirEntryInfo", "Layering", "Layout", "Snapshot", "Workspace",
+    "MAX_LAYERS", "ChangeEntry", "ChangeKind", "DirEntryInfo", "Layering", "Layout", "Snapshot", "Workspace",
     "WorkspaceError", "WorkspaceStore", "unified_diff",
 ]
-
-MAX_LAYERS = 16
-"""Store layers one overlay stacks; a fork that would need more flattens them into one full copy."""
 _ID_RE = re.compile(r"[0-9a-f]{16}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -105,6 +100,7 @@ class WorkspaceStore:
         self.root = self.root.resolve()
         self.blobs = BlobStore(self.root / "blobs")
         self.layers = LayerStore(self.root / "layers")
+        self.trees = TreeMaker(self.root, self.layers, progress=progress)
         self._overlay_wanted = overlay
         self._overlay_reason: str | None = None if overlay is not False else "overlays turned off for this store"
         self._probed = overlay is False
@@ -118,30 +114,6 @@ class WorkspaceStore:
             if self._overlay_reason is not None and self._overlay_wanted:
                 raise WorkspaceError(f"overlays do not work in {self.root}: {self._overlay_reason}")
         return self._overlay_reason
-
-    def _new_dir(self) -> tuple[str, Path]:
-        while True:
-            ws_id = secrets.token_hex(8)
-            try:
-                (self.root / "ws" / ws_id).mkdir()
-                return ws_id, self.root / "ws" / ws_id / "tree"
-            except FileExistsError:
-                continue
-
-    def _mount(self, ws_id: str, layout: Layout) -> None:
-        """Make ``ws/<id>/tree`` an overlay of ``layout``'s layers (already acquired)."""
-        ws_dir = self.root / "ws" / ws_id
-        for sub in ("tree", "upper", "work"):
-            (ws_dir / sub).mkdir(exist_ok=True)
-        lowers = [self.layers.path(lid) for lid in layout.layers]
-        if layout.source is not None:
-            lowers.append(Path(layout.source))
-        mount_overlay(ws_dir / "tree", lowers, ws_dir / "upper", ws_dir / "work")
-
-    def _start(self, ws_id: str, layout: Layout) -> None:
-        """Acquire the layout's layers and mount it (overlay layouts only)."""
-        self.layers.acquire(layout.layers, ws_id)
-        self._mount(ws_id, layout)
 
     def _finish(self, ws_id: str, layout: Layout, base: Snapshot | None, *,
                 kept: set[str] | None = None, ignore: bool = True) -> Workspace:
@@ -159,6 +131,9 @@ class WorkspaceStore:
                                               max_file_bytes=self.max_file_bytes)
                 except SnapshotError as exc:
                     raise WorkspaceError(f"cannot create the workspace: {exc}") from None
+                except OSError as exc:  # an unreadable file or directory of the source
+                    what = f" {short_path(exc.filename)!r}" if isinstance(exc.filename, str) else ""
+                    raise WorkspaceError(f"cannot create the workspace: cannot read{what} ({exc.strerror})") from None
                 if later:
                     self.blobs.put_later(walk, [(p, e.sha256, e.size) for p, e in manifest.items()
                                                 if e.sha256 is not None])
@@ -166,23 +141,9 @@ class WorkspaceStore:
                 self.save_snapshot(base)
             (self.root / "ws" / ws_id / "meta.json").write_text(json.dumps(layout.to_json(base.id)))
         except BaseException:
-            self._remove(ws_id, layout)
+            self.trees.remove(ws_id, layout)
             raise
         return Workspace(ws_id, tree, self, base, layout)
-
-    def _remove(self, ws_id: str, layout: Layout) -> None:
-        ws_dir = self.root / "ws" / ws_id
-        tree = ws_dir / "tree"
-        if layout.layering is Layering.OVERLAY:
-            try:
-                unmount(tree)
-            except OverlayError as exc:
-                raise WorkspaceError(f"cannot remove workspace {ws_id}: {exc}") from None
-            if is_mountpoint(tree):  # never walk into a mount: its lower layers are not ours
-                raise WorkspaceError(f"cannot remove workspace {ws_id}: {tree} is still mounted")
-        remove_path(ws_dir)
-        if layout.layers:
-            self.layers.release(layout.layers, ws_id)
 
     # -- creating workspaces
     def from_dir(self, src: str | os.PathLike[str], *, in_place: bool = False) -> Workspace:
@@ -196,51 +157,43 @@ class WorkspaceStore:
         if not os.path.isdir(src):
             raise WorkspaceError(f"not a directory: {src}")
         source = Path(os.path.realpath(src))
-        kept = _tracked(source)
-        ws_id, tree = self._new_dir()
+        if self.root.is_relative_to(source):
+            raise WorkspaceError(f"cannot open {src}: the workspace store {self.root} lies inside it "
+                                 "(keep the data directory outside the project)")
+        kept = tracked_paths(source)
+        ws_id, tree = self.trees.new_dir()
         reason = self.overlay_unavailable()
+        note = ""
         if reason is None and in_place:
             layout = Layout(Layering.OVERLAY, source=os.fspath(source), origin=os.fspath(source))
             try:
-                self._start(ws_id, layout)
-                return self._finish(ws_id, layout, None, kept=kept)
+                self.trees.start(ws_id, layout)
             except OverlayError as exc:  # e.g. the store lies inside the source
-                self._remove(ws_id, layout)
-                ws_id, tree = self._new_dir()
-                reason = f"{src} cannot be a lower layer ({exc.strerror}): copied"
+                self.trees.remove(ws_id, layout)
+                ws_id, tree = self.trees.new_dir()
+                note = f"not in place: {src} cannot be a lower layer ({exc.strerror})"
+            else:
+                return self._finish(ws_id, layout, None, kept=kept)
         if reason is None:
             lid, layer = self.layers.create()
+            layout = Layout(Layering.OVERLAY, layers=(lid,))
             try:
-                method = self._copy(source, layer, what=f"copying {src}")
+                method = self.trees.copy(source, layer, what=f"copying {src}")
+                layout = Layout(Layering.OVERLAY, layers=(lid,), note="; ".join(
+                    x for x in (note, f"source copied ({method})") if x))
+                self.trees.start(ws_id, layout)
             except BaseException:
+                self.trees.remove(ws_id, layout)  # releases the layer: nobody else uses it
                 self.layers.discard(lid)
-                remove_path(tree.parent)
                 raise
-            layout = Layout(Layering.OVERLAY, layers=(lid,), note=f"source copied ({method})")
-            self._start(ws_id, layout)
             return self._finish(ws_id, layout, None, kept=kept)
         try:
-            method = self._copy(source, tree, what=f"copying {src}")
+            method = self.trees.copy(source, tree, what=f"copying {src}")
         except BaseException:
             remove_path(tree.parent)
             raise
         note = "not in place: " + reason if in_place else reason
         return self._finish(ws_id, Layout(Layering(str(method)), note=note), None, kept=kept)
-
-    def _copy(self, src: Path, dst: Path, *, what: str) -> str:
-        """Copy ``src`` to ``dst`` (which may exist, empty); WorkspaceError naming the cause."""
-        if dst.exists():
-            os.rmdir(dst)
-        try:
-            return str(copy_tree(src, dst, what=what, progress=self.progress))
-        except CopyError as exc:
-            remove_path(dst)
-            try:  # the likely reason cp fails on a readable tree: one too deep for full paths
-                for _ in scan_tree(src):
-                    pass
-            except TreeLimitError as limit:
-                raise WorkspaceError(f"cannot copy {src}: {limit}; workspaces hold trees up to that depth") from None
-            raise WorkspaceError(f"copying {src} failed: {short_path(exc.strerror or str(exc), 1000)}") from None
 
     def from_git(self, repo: str | os.PathLike[str], commit: str) -> Workspace:
         """A new workspace holding ``git archive`` of ``commit`` (no ``.git``, no submodules).
@@ -256,12 +209,17 @@ class WorkspaceStore:
         if rev.returncode != 0:
             raise WorkspaceError(f"unknown commit {commit!r} in {repo}")
         sha = rev.stdout.strip()
-        ws_id, tree = self._new_dir()
+        ws_id, tree = self.trees.new_dir()
         overlay = self.overlay_unavailable() is None
         lid, dest = self.layers.create() if overlay else (None, tree)
         dest.mkdir(exist_ok=True)
         try:
-            _extract(repo, sha, dest)
+            archive_into(repo, sha, dest)
+        except GitArchiveError as exc:
+            if lid is not None:
+                self.layers.discard(lid)
+            remove_path(tree.parent)
+            raise WorkspaceError(f"git archive {sha} failed: {exc}") from None
         except BaseException:
             if lid is not None:
                 self.layers.discard(lid)
@@ -270,7 +228,12 @@ class WorkspaceStore:
         if lid is None:
             return self._finish(ws_id, Layout(Layering.COPY, note=self._overlay_reason or ""), None, ignore=False)
         layout = Layout(Layering.OVERLAY, layers=(lid,), note="git archive")
-        self._start(ws_id, layout)
+        try:
+            self.trees.start(ws_id, layout)
+        except BaseException:
+            self.trees.remove(ws_id, layout)
+            self.layers.discard(lid)
+            raise
         return self._finish(ws_id, layout, None, ignore=False)
 
     def from_snapshot(self, snapshot: Snapshot) -> Workspace:
@@ -280,23 +243,30 @@ class WorkspaceStore:
         (mounted in place where overlays work, copied otherwise) if that still
         exists; without one, it holds the snapshot's paths only.
         """
-        ws_id, tree = self._new_dir()
+        ws_id, tree = self.trees.new_dir()
         origin = snapshot.origin if snapshot.origin and os.path.isdir(snapshot.origin) else None
         overlay = self.overlay_unavailable() is None
-        layout: Layout
+        layout: Layout | None = None
+        if overlay and origin is not None:
+            layout = Layout(Layering.OVERLAY, source=origin, origin=origin, note="snapshot over its origin")
+            try:
+                self.trees.start(ws_id, layout)
+            except OverlayError:  # the origin cannot be a lower layer here: the snapshot's paths only
+                self.trees.remove(ws_id, layout)
+                ws_id, tree = self.trees.new_dir()
+                layout, origin = None, None
         lid: str | None = None
         try:
-            if overlay and origin is not None:
-                layout = Layout(Layering.OVERLAY, source=origin, origin=origin, note="snapshot over its origin")
-                self._start(ws_id, layout)
+            if layout is not None:
+                pass  # mounted over its origin above
             elif overlay:
                 lid, layer = self.layers.create()
                 restore_tree(layer, snapshot, self.blobs)
                 layout = Layout(Layering.OVERLAY, layers=(lid,), note="restored snapshot")
-                self._start(ws_id, layout)
+                self.trees.start(ws_id, layout)
                 lid = None
             elif origin is not None:
-                method = self._copy(Path(origin), tree, what=f"copying {origin}")
+                method = self.trees.copy(Path(origin), tree, what=f"copying {origin}")
                 layout = Layout(Layering(method), origin=origin, note=self._overlay_reason or "")
             else:
                 tree.mkdir()
@@ -326,7 +296,7 @@ class WorkspaceStore:
         tree = meta.parent / "tree"
         if layout.layering is Layering.OVERLAY and not is_mountpoint(tree):
             try:
-                self._mount(ws_id, layout)
+                self.trees.mount(ws_id, layout)
             except (OverlayError, LayerError) as exc:
                 raise WorkspaceError(f"cannot mount workspace {ws_id}: {exc}") from None
         return Workspace(ws_id, tree, self, base, layout)
@@ -334,38 +304,26 @@ class WorkspaceStore:
     # -- operations on workspaces (Workspace.fork and .delete call these)
     def fork(self, parent: Workspace) -> Workspace:
         """A new workspace at ``parent``'s current state, sharing its base (see :meth:`Workspace.fork`)."""
-        ws_id, tree = self._new_dir()
+        ws_id, tree = self.trees.new_dir()
         layout = parent.layout
         if layout.layering is not Layering.OVERLAY:
             try:
-                method = self._copy(parent.root, tree, what="forking a workspace")
+                method = self.trees.copy(parent.root, tree, what="forking a workspace")
             except BaseException:
                 remove_path(tree.parent)
                 raise
             return self._finish(ws_id, Layout(Layering(method), origin=layout.origin, note=layout.note),
                                 parent._base)
-        upper = parent.root.parent / "upper"
-        new_lid: str | None = None
-        child = layout
         try:
-            if _has_entries(upper):  # freeze the parent's changes so far into a layer the child mounts
-                new_lid, layer = self.layers.create()
-                if len(layout.layers) + 1 > MAX_LAYERS:  # flatten: one full copy instead of a deep stack
-                    method = self._copy(parent.root, layer, what="flattening a workspace's layers")
-                    child = Layout(Layering.OVERLAY, layers=(new_lid,), origin=layout.origin,
-                                   note=f"flattened ({method}) after {MAX_LAYERS} layers")
-                else:
-                    self._copy(upper, layer, what="freezing a workspace's changes")
-                    child = Layout(Layering.OVERLAY, layers=(new_lid, *layout.layers), source=layout.source,
-                                   origin=layout.origin, note=layout.note)
-            self._start(ws_id, child)
+            child = self.trees.fork_layout(parent.root, layout)
         except BaseException:
-            tree = self.root / "ws" / ws_id / "tree"
-            if is_mountpoint(tree):
-                unmount(tree)
             remove_path(tree.parent)
-            # forget the child; a new layer nobody else uses goes with it
-            self.layers.release(sorted({lid for lid in (new_lid, *child.layers) if lid is not None}), ws_id)
+            raise
+        try:
+            self.trees.start(ws_id, child)
+        except BaseException:
+            remove_path(tree.parent)
+            self.layers.release([lid for lid in child.layers if lid not in layout.layers], ws_id)
             raise
         return self._finish(ws_id, child, parent._base)
 
@@ -373,7 +331,7 @@ class WorkspaceStore:
         """Unmount and remove ``ws`` and release its layers (idempotent)."""
         if not (self.root / "ws" / ws.id).exists():
             return
-        self._remove(ws.id, ws.layout)
+        self.trees.remove(ws.id, ws.layout)
 
     # -- snapshots
     def save_snapshot(self, snapshot: Snapshot) -> None:
@@ -392,36 +350,3 @@ class WorkspaceStore:
             raise SnapshotError(f"no snapshot {snapshot_id} in {self.root}") from None
         return Snapshot.from_json(raw, expected_id=snapshot_id)
 
-
-def _has_entries(path: Path) -> bool:
-    try:
-        with os.scandir(path) as it:
-            return next(it, None) is not None
-    except FileNotFoundError:
-        return False
-
-
-def _tracked(src: Path) -> set[str]:
-    """Paths git tracks in ``src`` (relative to it), or none if it is not a git work tree."""
-    proc = host_git(src, "ls-files", "-z", "--cached", text=False)  # type: ignore[arg-type]
-    if proc.returncode != 0:
-        return set()
-    raw: bytes = proc.stdout  # type: ignore[assignment]
-    return {os.fsdecode(p) for p in raw.split(b"\0") if p}
-
-
-def _extract(repo: str | os.PathLike[str], sha: str, dest: Path) -> None:
-    with tempfile.TemporaryFile() as err, subprocess.Popen(
-        ["git", "-C", os.fspath(repo), "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
-         "archive", "--format=tar", sha],
-        stdout=subprocess.PIPE, stderr=err, env=host_env(), stdin=subprocess.DEVNULL,
-    ) as archive:
-        untar = subprocess.run(["tar", "-x", "-f", "-", "-C", os.fspath(dest)],
-                               stdin=archive.stdout, capture_output=True)
-        if archive.stdout is not None:
-            archive.stdout.close()
-        ok = archive.wait() == 0 and untar.returncode == 0
-        err.seek(0)
-        message = (err.read() or untar.stderr).decode(errors="replace").strip()
-    if not ok:
-        raise WorkspaceError(f"git archive {sha} failed: {message}")

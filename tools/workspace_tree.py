@@ -24,14 +24,13 @@ safe against a concurrent writer (a running command) during ``restore`` or
 
 from __future__ import annotations
 
-import enum
 import os
 import stat
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tools.base import FileEdit
 from tools.diffs import (
@@ -59,60 +58,12 @@ from tools.paths import (
 )
 from tools.snapshots import EntryKind, ManifestEntry, Snapshot, build_manifest, restore_tree
 from tools.treewalk import TreeItem, TreeLimitError, short_path
+from tools.workspace_layout import Layering, Layout, WorkspaceError
 
 if TYPE_CHECKING:
     from tools.workspace import WorkspaceStore
 
 __all__ = ["DirEntryInfo", "Layering", "Layout", "Workspace", "WorkspaceError"]
-
-
-class WorkspaceError(Exception):
-    """A workspace could not be created, found or changed (not the model's fault)."""
-
-
-class Layering(enum.StrEnum):
-    """How a workspace's tree is made."""
-
-    OVERLAY = "overlay"  # copy-on-write: an overlay mount over read-only layers
-    REFLINK = "reflink"  # a plain directory copied with reflinks (data shared until written)
-    COPY = "copy"  # a plain directory, fully copied
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Where a workspace's files come from (its ``meta.json``).
-
-    For :attr:`Layering.OVERLAY` the lower layers are, top first, the store
-    layers ``layers`` (changes frozen at forks; at the bottom, unless
-    ``source`` is set, a copy, a restored snapshot or a git archive) and then
-    ``source``, a host directory used in place, read-only. ``origin`` is where
-    the snapshots' ignored files come from (see
-    :attr:`tools.snapshots.Snapshot.origin`). ``note`` says why a fallback was used.
-    """
-
-    layering: Layering = Layering.COPY
-    layers: tuple[str, ...] = ()
-    source: str | None = None
-    origin: str | None = None
-    note: str = ""
-
-    def describe(self) -> str:
-        """One line for a user: how the workspace was made (and why, for a fallback)."""
-        if self.layering is Layering.OVERLAY:
-            what = f"copy-on-write over {self.source}" if self.source else "copy-on-write over a copy"
-        else:
-            what = f"{self.layering} of the tree (no overlay)"
-        return f"{what}; {self.note}" if self.note else what
-
-    def to_json(self, base_id: str) -> dict[str, Any]:
-        return {"base": base_id, "layering": str(self.layering), "layers": list(self.layers),
-                "source": self.source, "origin": self.origin, "note": self.note}
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Layout:
-        """Older stores wrote only ``base``: their trees are plain copies."""
-        return cls(Layering(obj.get("layering", "copy")), tuple(obj.get("layers", ())), obj.get("source"),
-                   obj.get("origin"), str(obj.get("note", "")))
 
 
 @dataclass(frozen=True, slots=True)

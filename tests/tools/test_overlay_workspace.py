@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tools import overlay, treecopy
-from tools import workspace as workspace_mod
+from tools import workspace_layout
 from tools.overlay import mounts_under, overlay_unavailable, upper_dir
 from tools.treewalk import remove_path
 from tools.workspace import Layering, Workspace, WorkspaceError, WorkspaceStore
@@ -101,7 +101,7 @@ def test_fork_of_an_untouched_workspace_shares_its_layers(cow_store: WorkspaceSt
 
 def test_a_deep_chain_of_forks_is_flattened(cow_store: WorkspaceStore, src_tree: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(workspace_mod, "MAX_LAYERS", 2)
+    monkeypatch.setattr(workspace_layout, "MAX_LAYERS", 2)
     ws = cow_store.from_dir(src_tree, in_place=True)
     chain = [ws]
     for i in range(4):
@@ -145,7 +145,7 @@ def test_from_snapshot_is_copy_on_write(cow_store: WorkspaceStore, src_tree: Pat
 def test_delete_refuses_to_walk_into_a_mount_it_cannot_unmount(cow_store: WorkspaceStore, src_tree: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     ws = cow_store.from_dir(src_tree, in_place=True)
-    monkeypatch.setattr(workspace_mod, "unmount", lambda _path: None)  # an unmount that silently did nothing
+    monkeypatch.setattr(workspace_layout, "unmount", lambda _path: None)  # an unmount that silently did nothing
     with pytest.raises(WorkspaceError, match="still mounted"):
         ws.delete()
     assert tree_state(src_tree) == tree_state(ws.root)  # nothing was removed through the mount
@@ -264,3 +264,24 @@ def test_an_in_place_source_with_a_file_over_the_limit_is_refused(cow_store: Wor
     ws = cow_store.from_dir(src_tree, in_place=True)
     assert "big" not in ws.base.manifest and (ws.root / "big").stat().st_size == 8 << 30
     ws.delete()
+
+
+def test_a_source_holding_the_store_is_refused_clearly(tmp_path: Path, src_tree: Path) -> None:
+    store = WorkspaceStore(src_tree / ".flywheel")
+    for in_place in (True, False):
+        with pytest.raises(WorkspaceError, match="lies inside it"):
+            store.from_dir(src_tree, in_place=in_place)
+    assert list((store.root / "ws").iterdir()) == [] and mounts_under(src_tree) == []
+
+
+def test_an_unreadable_source_file_is_a_workspace_error(cow_store: WorkspaceStore, src_tree: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tools import snapshots
+
+    def unreadable(item: object, *_a: object, **_k: object) -> None:
+        raise PermissionError(13, "Permission denied", "src/secret.txt")
+
+    monkeypatch.setattr(snapshots, "file_entry", unreadable)
+    with pytest.raises(WorkspaceError, match=r"cannot read 'src/secret.txt' \(Permission denied\)"):
+        cow_store.from_dir(src_tree, in_place=True)
+    assert list((cow_store.root / "ws").iterdir()) == [] and mounts_under(cow_store.root) == []
