@@ -61,6 +61,7 @@ from typing import Any
 from tools.blobs import BlobStore, SnapshotError
 from tools.diffs import MODE_EXEC, MODE_FILE, MODE_LINK
 from tools.gitignore import IgnoreRules
+from tools.progress import DelayedProgress
 from tools.paths import O_PATH, display_path, open_beneath
 from tools.treewalk import (
     OnLimit,
@@ -248,12 +249,12 @@ def _shown_by(ignore: IgnoreRules | None) -> Callable[[TreeItem], bool] | None:
 def build_manifest(
     root: str | os.PathLike[str], blobs: BlobStore | None, *,
     max_file_bytes: int | None = MAX_SNAPSHOT_FILE_BYTES, on_limit: OnLimit | None = None,
-    ignore: IgnoreRules | None = None, strict: bool = False,
+    ignore: IgnoreRules | None = None, strict: bool = False, progress: DelayedProgress | None = None,
 ) -> dict[str, ManifestEntry]:
     """Describe the tree at ``root``; with ``blobs``, also store every file's bytes.
 
     With ``ignore``, paths it does not show are left out: never read,
-    hashed, stored or checked against the limits.
+    hashed, stored or checked against the limits. ``progress`` counts the files hashed.
     Raises :class:`FileTooLargeError` (with ``blobs`` or ``strict``: a
     manifest whose blobs the caller stores later) and
     :class:`TreeTooDeepError` (without ``on_limit``); see the module docstring.
@@ -272,6 +273,8 @@ def build_manifest(
                     manifest[item.path] = file_entry(item, blobs, max_file_bytes, strict=strict)
                 except FileNotFoundError:
                     continue  # removed while walking
+                if progress is not None:
+                    progress.update()
     except TreeLimitError as exc:
         raise TreeTooDeepError(f"cannot snapshot the tree: {exc}; snapshots hold trees up to "
                                "that depth and path length") from None

@@ -21,14 +21,14 @@ import fcntl
 import os
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
 
+from tools.progress import DelayedProgress
+
 __all__ = ["CopyError", "CopyMethod", "copy_tree", "reflink_works"]
 
-PROGRESS_AFTER_S = 1.0
 _FICLONE = 0x40049409
 _reflink_cache: dict[tuple[int, int], bool] = {}
 
@@ -121,56 +121,30 @@ def copy_tree(src: Path, dst: Path, *, what: str, progress: bool = True) -> Copy
     """Copy ``src`` to the new path ``dst`` (``cp -a --reflink=auto``: modes, times, links, xattrs kept).
 
     With ``progress``, a bar named ``what`` appears on stderr once the copy
-    has run for :data:`PROGRESS_AFTER_S`. Raises :class:`CopyError`.
+    has run for :data:`tools.progress.PROGRESS_AFTER_S`. Raises :class:`CopyError`.
     """
     method = CopyMethod.REFLINK if reflink_works(src, dst.parent) else CopyMethod.COPY
     proc = subprocess.Popen(["cp", "-a", "--reflink=auto", "-T", "--", os.fspath(src), os.fspath(dst)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    reporter = _Reporter(proc, src, what, method) if progress else None
+    stop = threading.Event()
+    bar = DelayedProgress(f"{what} ({method})", unit="B", unit_scale=True, poll=lambda: _written(proc.pid),
+                          enabled=progress)
+
+    def scan() -> None:  # the bar's total: the source's allocated size
+        total = _allocated(src, stop)
+        if not stop.is_set():
+            bar.total = total
+
+    scanner = threading.Thread(target=scan, daemon=True)
+    if progress:
+        scanner.start()
     try:
         _, err = proc.communicate()
     finally:
-        if reporter is not None:
-            reporter.stop()
+        stop.set()
+        bar.close()
+        if progress:
+            scanner.join(timeout=5)
     if proc.returncode != 0:
         raise CopyError(errno.EIO, err.decode(errors="replace").strip() or f"cp exited with {proc.returncode}")
     return method
-
-
-class _Reporter:
-    """Shows a bar for a running ``cp`` once it has taken :data:`PROGRESS_AFTER_S`."""
-
-    def __init__(self, proc: subprocess.Popen[bytes], src: Path, what: str, method: CopyMethod) -> None:
-        self.proc, self.src, self.what, self.method = proc, src, what, method
-        self.done = threading.Event()
-        self.total: int | None = None
-        self.threads = [threading.Thread(target=self._scan, daemon=True),
-                        threading.Thread(target=self._show, daemon=True)]
-        for t in self.threads:
-            t.start()
-
-    def _scan(self) -> None:
-        total = _allocated(self.src, self.done)
-        if not self.done.is_set():
-            self.total = total
-
-    def _show(self) -> None:
-        if self.done.wait(PROGRESS_AFTER_S):
-            return
-        from tqdm import tqdm
-
-        bar = tqdm(desc=f"{self.what} ({self.method})", unit="B", unit_scale=True, file=sys.stderr,
-                   leave=False, dynamic_ncols=True)
-        try:
-            while not self.done.wait(0.25):
-                if self.total is not None and bar.total != self.total:
-                    bar.total = self.total
-                bar.n = _written(self.proc.pid)
-                bar.refresh()
-        finally:
-            bar.close()
-
-    def stop(self) -> None:
-        self.done.set()
-        for t in self.threads:
-            t.join(timeout=5)

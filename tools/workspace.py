@@ -62,6 +62,7 @@ from tools.gitignore import IgnoreRules, tree_loader
 from tools.gitsafe import GitArchiveError, archive_into, host_git, tracked_paths
 from tools.layers import LayerError, LayerStore
 from tools.overlay import OverlayError, is_mountpoint, overlay_unavailable
+from tools.progress import DelayedProgress
 from tools.snapshots import (
     MAX_SNAPSHOT_FILE_BYTES,
     Snapshot,
@@ -127,8 +128,9 @@ class WorkspaceStore:
                 walk = Path(layout.source) if later and layout.source else tree
                 rules = IgnoreRules(tree_loader(walk), kept or set()) if ignore else None
                 try:
-                    manifest = build_manifest(walk, None if later else self.blobs, ignore=rules, strict=True,
-                                              max_file_bytes=self.max_file_bytes)
+                    with DelayedProgress(f"snapshotting {walk}", unit="file", enabled=self.progress) as bar:
+                        manifest = build_manifest(walk, None if later else self.blobs, ignore=rules, strict=True,
+                                                  max_file_bytes=self.max_file_bytes, progress=bar)
                 except SnapshotError as exc:
                     raise WorkspaceError(f"cannot create the workspace: {exc}") from None
                 except OSError as exc:  # an unreadable file or directory of the source
