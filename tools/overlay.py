@@ -284,8 +284,9 @@ def _probe(store_dir: Path) -> str | None:
         try:
             mount_overlay(tmp / "merged", [tmp / "lower"], tmp / "upper", tmp / "work")
         except OverlayError as exc:
-            return f"overlay mount failed ({exc.strerror})"
-        except OSError as exc:  # no mount(2) in this libc
+            hint = " (mounting needs root)" if exc.errno == errno.EPERM else ""
+            return f"overlay mount failed: {os.strerror(exc.errno or errno.EIO)}{hint}"
+        except (OSError, AttributeError) as exc:  # no mount(2) in this libc
             return f"overlay mount failed ({exc})"
         try:
             (tmp / "merged" / "f").write_bytes(b"upper")

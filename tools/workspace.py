@@ -173,7 +173,7 @@ class WorkspaceStore:
             except OverlayError as exc:  # e.g. the store lies inside the source
                 self.trees.remove(ws_id, layout)
                 ws_id, tree = self.trees.new_dir()
-                note = f"not in place: {src} cannot be a lower layer ({exc.strerror})"
+                note = f"not in place: {src} cannot be a lower layer ({os.strerror(exc.errno or 0)})"
             else:
                 return self._finish(ws_id, layout, None, kept=kept)
         if reason is None:
