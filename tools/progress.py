@@ -1,75 +1,62 @@
-"""A progress bar on stderr that appears only for work that takes time.
+"""Live output of a running tool call: how a tool reports text before it returns.
 
-:class:`DelayedProgress` shows nothing for work done within
-:data:`PROGRESS_AFTER_S` (opening a small workspace prints nothing); after
-that a ``tqdm`` bar on stderr shows a count the worker bumps with
-:meth:`~DelayedProgress.update` (cheap: an integer add, no lock, no I/O) or
-one a ``poll`` callable reads, refreshed four times a second by a daemon thread.
+The executor (``agent.executor``) runs each call in its own asyncio task and,
+for the length of the call, installs a listener in that task's context
+(:func:`listening`); a tool that produces output over time (``run_command``)
+passes each piece to :func:`report_output`, or asks for the listener with
+:func:`current_listener` to hand it to lower layers (the sandbox). Outside
+a call, or when nobody listens, reporting costs nothing and goes nowhere.
 
-Not guaranteed: the figures are what the worker reports; with ``poll`` the
-bar may lag by up to a refresh.
+A context variable rather than a :class:`tools.base.ToolContext` field because
+the context is shared by every call of a session while a listener belongs to
+one call; asyncio copies the context into each task, so a listener set in one
+call's task is never seen by another.
+
+Not guaranteed: delivery. A listener may drop, coalesce or cap what it gets
+(the session does: ``agent.session``); the tool's ``ToolResult`` stays the
+record of what the call produced. A listener is called on the event loop's
+thread and must not block.
 """
 
 from __future__ import annotations
 
-import sys
-import threading
-from collections.abc import Callable
-from types import TracebackType
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 
-__all__ = ["PROGRESS_AFTER_S", "DelayedProgress"]
+__all__ = ["OutputListener", "current_listener", "listening", "report_output"]
 
-PROGRESS_AFTER_S = 1.0
-REFRESH_S = 0.25
+log = logging.getLogger(__name__)
+
+OutputListener = Callable[[str], None]
+"""Receives one piece of a running call's output (already decoded text)."""
+
+_listener: ContextVar[OutputListener | None] = ContextVar("flywheel_tool_output", default=None)
 
 
-class DelayedProgress:
-    """``with DelayedProgress("hashing src", unit="file") as p: ... p.update()``.
+def current_listener() -> OutputListener | None:
+    """The running call's listener, or None outside a call / when nobody listens."""
+    return _listener.get()
 
-    ``total`` may be set (or changed) later; ``enabled=False`` makes every method a no-op.
-    """
 
-    def __init__(self, desc: str, *, unit: str = "it", unit_scale: bool = False, total: int | None = None,
-                 poll: Callable[[], int] | None = None, enabled: bool = True,
-                 after_s: float | None = None) -> None:
-        self.desc, self.unit, self.unit_scale, self.total, self.poll = desc, unit, unit_scale, total, poll
-        self.count = 0
-        self.shown = False
-        self._after = PROGRESS_AFTER_S if after_s is None else after_s
-        self._done = threading.Event()
-        self._thread: threading.Thread | None = None
-        if enabled:
-            self._thread = threading.Thread(target=self._run, name="flywheel-progress", daemon=True)
-            self._thread.start()
+def report_output(text: str) -> None:
+    """Pass ``text`` to the running call's listener, if any. Never raises: a
+    failing listener is logged, the tool goes on."""
+    fn = _listener.get()
+    if fn is None or not text:
+        return
+    try:
+        fn(text)
+    except Exception:  # a display problem must not fail the call
+        log.exception("output listener failed")
 
-    def update(self, n: int = 1) -> None:
-        self.count += n
 
-    def _run(self) -> None:
-        if self._done.wait(self._after):
-            return
-        from tqdm import tqdm
-
-        bar = tqdm(desc=self.desc, unit=self.unit, unit_scale=self.unit_scale, total=self.total,
-                   file=sys.stderr, leave=False, dynamic_ncols=True)
-        self.shown = True
-        try:
-            while not self._done.wait(REFRESH_S):
-                if bar.total != self.total:
-                    bar.total = self.total
-                bar.n = self.poll() if self.poll is not None else self.count
-                bar.refresh()
-        finally:
-            bar.close()
-
-    def close(self) -> None:
-        self._done.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def __enter__(self) -> DelayedProgress:
-        return self
-
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.close()
+@contextlib.contextmanager
+def listening(fn: OutputListener | None) -> Iterator[None]:
+    """Install ``fn`` as the listener for the code inside the ``with`` (in this task)."""
+    token = _listener.set(fn)
+    try:
+        yield
+    finally:
+        _listener.reset(token)

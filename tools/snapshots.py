@@ -61,7 +61,7 @@ from typing import Any
 from tools.blobs import BlobStore, SnapshotError
 from tools.diffs import MODE_EXEC, MODE_FILE, MODE_LINK
 from tools.gitignore import IgnoreRules
-from tools.progress import DelayedProgress
+from tools.delayed_progress import DelayedProgress
 from tools.paths import O_PATH, display_path, open_beneath
 from tools.treewalk import (
     OnLimit,

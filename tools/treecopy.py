@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from tools.progress import DelayedProgress
+from tools.delayed_progress import DelayedProgress
 
 __all__ = ["CopyError", "CopyMethod", "copy_tree", "reflink_works"]
 

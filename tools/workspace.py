@@ -62,7 +62,7 @@ from tools.gitignore import IgnoreRules, tree_loader
 from tools.gitsafe import GitArchiveError, archive_into, host_git, tracked_paths
 from tools.layers import LayerError, LayerStore
 from tools.overlay import OverlayError, is_mountpoint, overlay_unavailable
-from tools.progress import DelayedProgress
+from tools.delayed_progress import DelayedProgress
 from tools.snapshots import (
     MAX_SNAPSHOT_FILE_BYTES,
     Snapshot,

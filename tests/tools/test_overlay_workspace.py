@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools import overlay, progress
+from tools import delayed_progress, overlay
 from tools import workspace_layout
 from tools.overlay import mounts_under, overlay_unavailable, upper_dir
 from tools.treewalk import remove_path
@@ -177,7 +177,7 @@ def test_copy_fallback_says_so_and_shows_progress(tmp_path: Path, src_tree: Path
     ws = store.from_dir(src_tree, in_place=True)
     assert ws.layering in (Layering.COPY, Layering.REFLINK)
     assert "no overlay" in ws.layout.describe() and "overlays turned off" in ws.layout.note
-    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(delayed_progress, "PROGRESS_AFTER_S", 0.0)
     big = ws.root / "big.bin"
     big.write_bytes(os.urandom(1 << 20) * 64)  # 64 MiB: the copy takes a moment
     child = ws.fork()
@@ -295,7 +295,7 @@ def test_a_slow_open_shows_progress_and_a_fast_one_prints_nothing(cow_store: Wor
     fast = cow_store.from_dir(src_tree, in_place=True)
     assert capfd.readouterr().err == ""
     fast.delete()
-    monkeypatch.setattr(progress, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(delayed_progress, "PROGRESS_AFTER_S", 0.0)
     real = snapshots.file_entry
 
     def slow(*a: object, **k: object) -> object:
