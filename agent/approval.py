@@ -180,14 +180,19 @@ class PromptApprover:
             return await asyncio.to_thread(self.ask, request)
 
 
-def recorded_decisions(events: Iterable[Event], *, model_calls: int | None = None) -> dict[str, ApprovalDecision]:
+def recorded_decisions(
+    events: Iterable[Event], *, model_calls: int | None = None, unasked: bool = False,
+) -> dict[str, ApprovalDecision | None]:
     """The answers a recording holds, by call id, for replay and branches to re-apply.
 
     ``model_calls``: only answers to calls of the first that many model calls
     (counted across turns, as a branch's ``from_step`` counts them), so a branch
     does not re-apply an answer to a later call that reuses an id.
+    ``unasked``: also every other call of those steps, as None: it ran without
+    being asked, and re-executing it must not ask either (a branch in an asking
+    mode re-executes a recording made in ``auto``; nobody is there to answer).
     """
-    out: dict[str, ApprovalDecision] = {}
+    out: dict[str, ApprovalDecision | None] = {}
     step_of: dict[str, tuple[int, int]] = {}
     steps: list[tuple[int, int]] = []
     for e in events:
@@ -197,6 +202,9 @@ def recorded_decisions(events: Iterable[Event], *, model_calls: int | None = Non
             step_of[e.call_id] = (e.turn, e.step)
         elif isinstance(e, ApprovalResolved):
             out[e.call_id] = ApprovalDecision(e.approved, e.reason)
+    if unasked:
+        for cid in step_of:
+            out.setdefault(cid, None)
     if model_calls is None:
         return out
     kept = set(steps[:max(0, model_calls)])

@@ -83,7 +83,7 @@ def build_session(
     tools: Sequence[Tool] | None = None,
     approval_mode: ApprovalMode = "auto",
     approver: Approver | None = None,
-    recorded_approvals: Mapping[str, ApprovalDecision] | None = None,
+    recorded_approvals: Mapping[str, ApprovalDecision | None] | None = None,
 ) -> Session:
     """A session over ``parts`` driven by ``policy`` (its default; turns may pass another).
 
@@ -96,8 +96,9 @@ def build_session(
     which calls wait for ``approver``'s answer; a mode other than ``auto``
     without an approver raises ``ValueError``. ``recorded_approvals``
     (:func:`agent.approval.recorded_decisions`) are answers to re-apply, once
-    each, to the calls with those ids, whatever the mode: replay and branches
-    pass them so a recorded refusal is refused again.
+    each, to the calls with those ids, whatever the mode (None: run it without
+    asking, as the recording did): replay and branches pass them so a recorded
+    refusal is refused again and a re-executed step never waits for a user.
     """
     h = history or History()
     return Session(

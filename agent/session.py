@@ -168,7 +168,7 @@ class Session:
         search_index: SearchIndex | None = None,
         approval_mode: ApprovalMode = "auto",
         approver: Approver | None = None,
-        recorded_approvals: Mapping[str, ApprovalDecision] | None = None,
+        recorded_approvals: Mapping[str, ApprovalDecision | None] | None = None,
     ):
         self._approval_mode = parse_approval_mode(approval_mode)
         if self._approval_mode != "auto" and approver is None:
@@ -455,7 +455,12 @@ class Session:
     async def _approve(self, state: _StepState, call: ToolCall, resources: Resources) -> ToolResult | None:
         """Ask before ``call`` runs, if the mode says so (or re-apply a recorded
         answer); None means run it, a result is its refusal."""
-        recorded = self._recorded_approvals.pop(call.call_id, None)
+        if call.call_id in self._recorded_approvals:
+            recorded = self._recorded_approvals.pop(call.call_id)
+            if recorded is None:
+                return None  # it ran unasked in the recording: so it does again
+        else:
+            recorded = None
         kind = approval_kind("ask-edits" if recorded is not None else self._approval_mode, resources)
         if kind is None:
             return None

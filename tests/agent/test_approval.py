@@ -117,3 +117,16 @@ def test_recorded_decisions_by_call_and_up_to_a_step() -> None:
     assert recorded_decisions(events) == {"t1s1c0": ApprovalDecision(False, "no"), "t1s2c0": ApprovalDecision(True)}
     assert recorded_decisions(events, model_calls=1) == {"t1s1c0": ApprovalDecision(False, "no")}
     assert recorded_decisions(events, model_calls=0) == {}
+
+
+def test_unasked_calls_of_a_recording_are_replayed_without_asking() -> None:
+    events = [
+        AssistantMessage(turn=1, step=1, text=""),
+        ToolCallStarted(turn=1, step=1, index=0, call_id="t1s1c0", name="run_command", args={}),
+        ToolCallStarted(turn=1, step=1, index=1, call_id="t1s1c1", name="run_command", args={}),
+        ApprovalResolved(turn=1, step=1, index=1, call_id="t1s1c1", approved=False),
+        AssistantMessage(turn=1, step=2, text=""),
+        ToolCallStarted(turn=1, step=2, index=0, call_id="t1s2c0", name="run_command", args={}),
+    ]
+    assert recorded_decisions(events, model_calls=1, unasked=True) == {
+        "t1s1c0": None, "t1s1c1": ApprovalDecision(False)}
