@@ -98,7 +98,80 @@ class ToolCallStarted(_Event):
     valid: bool = True
 
 
+class ToolCallQueued(_Event):
+    """A dispatched call waits for earlier calls it conflicts with (``waiting_for``:
+    their call ids); it has not started. ``tool_call_running`` follows when it does."""
+
+    type: Literal["tool_call_queued"] = "tool_call_queued"
+    step: int
+    index: int
+    call_id: str
+    waiting_for: list[str] = Field(default_factory=list)
+
+
+class ToolCallRunning(_Event):
+    """A call that was queued or waited for approval has started. A call with
+    neither is running from its ``tool_call_started``; no event says so again."""
+
+    type: Literal["tool_call_running"] = "tool_call_running"
+    step: int
+    index: int
+    call_id: str
+
+
+class ToolOutputDelta(_Event):
+    """Output a running call printed (a command's merged stdout and stderr), as it comes.
+
+    Coalesced: at most one per call every ``Limits.output_delta_interval_s``.
+    Capped: at most ``Limits.max_live_output_bytes`` of text per call; the
+    delta that reaches the cap has ``cut: true`` and none follow. The call's
+    ``tool_result`` (which comes after its last delta) holds what the model
+    reads; the deltas are for watching. How text is split between deltas is
+    not guaranteed.
+    """
+
+    type: Literal["tool_output_delta"] = "tool_output_delta"
+    step: int
+    index: int
+    call_id: str
+    text: str
+    cut: bool = False
+
+
+class ApprovalRequested(_Event):
+    """The session asks the user before it runs a call (approval modes,
+    ``agent.approval``). ``kind`` is ``command`` (run_command) or ``edit``
+    (a file tool that writes). Settled by ``approval_resolved`` or, if the turn
+    ends first, by the call's cancelled ``tool_result``."""
+
+    type: Literal["approval_requested"] = "approval_requested"
+    step: int
+    index: int
+    call_id: str
+    name: str | None
+    args: dict[str, Any] = Field(default_factory=dict)
+    kind: Literal["command", "edit"] = "command"
+
+
+class ApprovalResolved(_Event):
+    """The answer to an ``approval_requested``: ``approved`` or not, the user's
+    ``reason`` (may be empty) and who answered: ``user``, or ``recording``
+    (replay and branches re-apply a recorded answer)."""
+
+    type: Literal["approval_resolved"] = "approval_resolved"
+    step: int
+    index: int
+    call_id: str
+    approved: bool
+    reason: str = ""
+    by: Literal["user", "recording"] = "user"
+
+
 class ToolResultEvent(_Event):
+    """A call ended. ``duration_ms`` is how long the tool ran (not the time it
+    was queued or awaited approval); a call cancelled while running keeps the
+    time it ran and its output so far (``data.cancelled``, ``data.partial_output``)."""
+
     type: Literal["tool_result"] = "tool_result"
     step: int
     index: int
@@ -155,6 +228,11 @@ Event = Annotated[
     | AssistantDelta
     | ToolCallDelta
     | ToolCallStarted
+    | ToolCallQueued
+    | ToolCallRunning
+    | ToolOutputDelta
+    | ApprovalRequested
+    | ApprovalResolved
     | ToolResultEvent
     | FileEditEvent
     | AssistantMessage
@@ -168,7 +246,8 @@ EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
 
 KNOWN_TYPES = frozenset(
     cls.model_fields["type"].default
-    for cls in (UserMessage, TurnStarted, AssistantDelta, ToolCallDelta, ToolCallStarted, ToolResultEvent,
+    for cls in (UserMessage, TurnStarted, AssistantDelta, ToolCallDelta, ToolCallStarted, ToolCallQueued,
+                ToolCallRunning, ToolOutputDelta, ApprovalRequested, ApprovalResolved, ToolResultEvent,
                 FileEditEvent, AssistantMessage, TurnEnd, ErrorEvent)
 )
 

@@ -29,6 +29,16 @@ root) is replaced by workspace-relative text, so no result depends on where
 the workspace lives. An ``OSError`` escaping a tool becomes an error result
 with its reason and relative path.
 
+What a caller can watch (:class:`CallHooks`, optional): before a call runs
+it may be held for the user's approval (``approve``; a refusal becomes the
+call's result and the tool never runs); a call that must wait for earlier
+calls is reported as ``queued`` with their ids; ``running`` marks the moment
+its tool begins; ``output`` receives what a running tool prints
+(:mod:`tools.progress`); ``finished`` is awaited after the tool ends and
+before its result is reported, so a caller can flush what it shows live. A
+call cancelled while running keeps how long it ran and the output it had
+printed (:meth:`Executor.settled`).
+
 Not guaranteed: ordering between calls that alias one file through symlinks,
 or between different executors on one workspace; host paths other than the
 workspace's and its store's are not recognised.
@@ -41,9 +51,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 from agent.calls import CallRejected, ToolCall
 from tools.base import Resources, Tool, ToolContext, ToolError, ToolResult
+from tools.progress import listening
 
 log = logging.getLogger(__name__)
 
@@ -79,24 +91,96 @@ class CallOutcome:
 
 OnResult = Callable[[CallOutcome], Awaitable[None]]
 
+PARTIAL_OUTPUT_CHARS = 32 << 10
+"""How much of a running call's output is kept for its result if it is cancelled (head and tail, each half)."""
+
+
+class CallHooks(Protocol):
+    """What the session is told about each valid call, in this order per call:
+    ``approve`` → (``queued``) → ``running`` → ``output``… → ``finished`` → the
+    result. A call cancelled on the way gets none of the later ones."""
+
+    async def approve(self, call: ToolCall, resources: Resources) -> ToolResult | None:
+        """None: go ahead. A result: the call is refused with it (the tool does not run)."""
+        ...
+
+    async def queued(self, call: ToolCall, waiting_for: list[str]) -> None:
+        """The call waits for these earlier calls (ids) before it may start."""
+        ...
+
+    async def running(self, call: ToolCall) -> None:
+        """The tool begins now (called for every call that runs)."""
+        ...
+
+    def output(self, call: ToolCall, text: str) -> None:
+        """Text the running tool printed (on the loop; must not block)."""
+        ...
+
+    async def finished(self, call: ToolCall) -> None:
+        """The tool returned; its result is reported after this returns."""
+        ...
+
+
+class Settled(NamedTuple):
+    """One call after :meth:`Executor.cancel`: its result, whether its tool
+    finished, and how long the tool ran (0 if it never started)."""
+
+    call: ToolCall | CallRejected
+    result: ToolResult
+    finished: bool
+    duration_ms: float
+
+
+class _Partial:
+    """A running call's output as it came: the first and last ``cap // 2`` characters."""
+
+    def __init__(self, cap: int = PARTIAL_OUTPUT_CHARS) -> None:
+        self._half = cap // 2
+        self._head: list[str] = []
+        self._head_len = 0
+        self._tail = ""
+        self.dropped = 0
+
+    def feed(self, text: str) -> None:
+        room = self._half - self._head_len
+        if room > 0:
+            self._head.append(text[:room])
+            self._head_len += min(room, len(text))
+            text = text[room:]
+        if text:
+            tail = self._tail + text
+            self.dropped += max(0, len(tail) - self._half)
+            self._tail = tail[-self._half:] if self._half else ""
+
+    def text(self) -> str:
+        head = "".join(self._head)
+        if self.dropped:
+            return f"{head}\n[... {self.dropped} characters not kept ...]\n{self._tail}"
+        return head + self._tail
+
 
 class Executor:
     """One executor per model step. Not thread-safe; use from one event loop."""
 
-    def __init__(self, tools: Mapping[str, Tool], ctx: ToolContext, *, on_result: OnResult | None = None):
+    def __init__(self, tools: Mapping[str, Tool], ctx: ToolContext, *, on_result: OnResult | None = None,
+                 hooks: CallHooks | None = None):
         self._tools = tools
         self._ctx = ctx
         self._on_result = on_result
-        self._pending: list[tuple[Resources, asyncio.Task[CallOutcome]]] = []
+        self._hooks = hooks
+        self._pending: list[tuple[Resources, asyncio.Task[CallOutcome], str]] = []
         self._tasks: dict[int, asyncio.Task[CallOutcome]] = {}
         self._calls: dict[int, ToolCall | CallRejected] = {}
         self._outcomes: dict[int, CallOutcome] = {}  # set the moment a tool has finished
+        self._state: dict[int, str] = {}  # approval | queued | running, while not finished
+        self._started: dict[int, float] = {}
+        self._partial: dict[int, _Partial] = {}
 
     def submit(self, call: ToolCall | CallRejected) -> asyncio.Task[CallOutcome]:
         """Start ``call`` now (after any conflicting earlier call). Never raises."""
         submitted = time.perf_counter()
         if isinstance(call, CallRejected):
-            deps: list[asyncio.Task[CallOutcome]] = []
+            deps: list[tuple[asyncio.Task[CallOutcome], str]] = []
             resources = Resources()
         else:
             tool = self._tools[call.name]
@@ -104,37 +188,68 @@ class Executor:
                 resources = tool.resources(call.args)
             except ToolError:
                 resources = Resources()  # the tool will report the bad argument itself
-            deps = [t for r, t in self._pending if r.conflicts_with(resources)]
+            deps = [(t, cid) for r, t, cid in self._pending if r.conflicts_with(resources)]
         task = asyncio.create_task(self._run(call, deps, submitted, resources), name=f"tool:{call.call_id}")
-        self._pending.append((resources, task))
+        self._pending.append((resources, task, call.call_id))
         self._tasks[call.index] = task
         self._calls[call.index] = call
         return task
 
     async def _run(
-        self, call: ToolCall | CallRejected, deps: list[asyncio.Task[CallOutcome]], submitted: float,
+        self, call: ToolCall | CallRejected, deps: list[tuple[asyncio.Task[CallOutcome], str]], submitted: float,
         resources: Resources,
     ) -> CallOutcome:
-        if deps:
-            await asyncio.wait(deps)
+        hooks = self._hooks if isinstance(call, ToolCall) else None
+        refusal: ToolResult | None = None
+        if hooks is not None:
+            assert isinstance(call, ToolCall)
+            self._state[call.index] = "approval"
+            refusal = await hooks.approve(call, resources)
+        waiting = [(t, cid) for t, cid in deps if not t.done()] if refusal is None else []
+        if waiting:  # a refused call does not wait: it will not touch anything
+            self._state[call.index] = "queued"
+            if hooks is not None:
+                assert isinstance(call, ToolCall)
+                await hooks.queued(call, [cid for _, cid in waiting])
+            await asyncio.wait([t for t, _ in waiting])
         started = time.perf_counter()
+        self._started[call.index] = started
+        self._state[call.index] = "running"
         if isinstance(call, CallRejected):
             result = ToolResult.error(call.message)
+        elif refusal is not None:
+            result = refusal
         else:
+            if hooks is not None:
+                await hooks.running(call)
             result = await self._invoke(call)
         name = call.name or "the call"
         result = _relative(result, self._host_roots()).capped(name, MORE_HINTS.get(name, DEFAULT_HINT))
         self._ctx.after_call(resources, result)  # the search index learns of edits before anyone reads them
         outcome = CallOutcome(call, result, submitted, started, time.perf_counter())
         self._outcomes[call.index] = outcome  # from here on, cancel() lets it report
+        self._partial.pop(call.index, None)
+        if hooks is not None:
+            assert isinstance(call, ToolCall)
+            await hooks.finished(call)
         if self._on_result is not None:
             await self._on_result(outcome)
         return outcome
 
     async def _invoke(self, call: ToolCall) -> ToolResult:
         tool = self._tools[call.name]
+        hooks = self._hooks
+        listener = None
+        if hooks is not None:
+            partial = self._partial[call.index] = _Partial()
+
+            def listener(text: str) -> None:
+                partial.feed(text)
+                hooks.output(call, text)
+
         try:
-            return await tool.run(call.args, self._ctx)
+            with listening(listener):
+                return await tool.run(call.args, self._ctx)
         except ToolError as exc:
             return ToolResult.error(str(exc))
         except asyncio.CancelledError:
@@ -145,6 +260,31 @@ class Executor:
         except Exception as exc:  # a bug in a tool must not kill the session
             log.exception("tool %s failed", call.name)
             return ToolResult.error(f"internal error in {call.name}: {type(exc).__name__}: {exc}")
+
+    def scrub(self, text: str) -> str:
+        """``text`` with the workspace's host locations replaced, as results are."""
+        return _relative(ToolResult(True, text), self._host_roots()).output
+
+    def scrub_stream(self, pending: str, *, final: bool) -> tuple[str, str]:
+        """Live output, scrubbed like results: ``(text to show, raw text to hold back)``.
+
+        Unless ``final``, the end of ``pending`` that could be the start of a
+        host root (cut between two reads) is held back, to be scrubbed once
+        the rest of it arrives.
+        """
+        roots = self._host_roots()
+        shown = _relative(ToolResult(True, pending), roots).output
+        if final or not roots:
+            return shown, ""
+        hold = 0
+        for prefix, _ in roots:
+            for k in range(min(len(prefix) - 1, len(pending)), hold, -1):
+                if pending.endswith(prefix[:k]):
+                    hold = k
+                    break
+        if hold and shown.endswith(pending[-hold:]):
+            return shown[:-hold], pending[-hold:]
+        return shown, ""
 
     def _host_roots(self) -> list[tuple[str, str]]:
         """``(host prefix, replacement)`` pairs, longest first: the workspace root, then its store."""
@@ -178,16 +318,43 @@ class Executor:
         if pending:
             await asyncio.wait(pending)
 
-    def settled(self, cancelled_message: str) -> list[tuple[ToolCall | CallRejected, ToolResult, bool]]:
-        """After :meth:`cancel`: ``(call, result, finished)`` for every call in call
-        order; calls that did not finish get ``cancelled_message`` as an error."""
-        out: list[tuple[ToolCall | CallRejected, ToolResult, bool]] = []
+    def settled(self, cancelled_message: str) -> list[Settled]:
+        """After :meth:`cancel`: every call in call order. A call that did not
+        finish gets an error result: ``cancelled_message``, then how long its
+        tool had run and the output it had printed (head and tail, host paths
+        scrubbed, capped like any result), or what it was still waiting for.
+        ``data``: ``cancelled`` (true), ``ran_s`` (or ``waited_for``:
+        ``approval`` / ``queued``), ``partial_output`` (characters kept, when
+        there are any)."""
+        out: list[Settled] = []
+        now = time.perf_counter()
         for index in sorted(self._tasks):
+            call = self._calls[index]
             outcome = self._outcomes.get(index)
             if outcome is not None:
-                out.append((self._calls[index], outcome.result, True))
+                out.append(Settled(call, outcome.result, True, outcome.duration_ms))
+                continue
+            started = self._started.get(index)
+            state = self._state.get(index, "running")
+            if started is None or state != "running":
+                waited = "approval" if state == "approval" else "queued"
+                why = "the user's approval" if waited == "approval" else "earlier calls to finish"
+                result = ToolResult.error(f"{cancelled_message} (it had not started: it was waiting for {why})",
+                                          cancelled=True, waited_for=waited)
+                out.append(Settled(call, result, False, 0.0))
+                continue
+            ran = now - started
+            partial = self._partial.get(index)
+            shown = self.scrub(partial.text()) if partial is not None else ""
+            data: dict[str, object] = {"cancelled": True, "ran_s": round(ran, 3)}
+            if shown:
+                data["partial_output"] = len(shown)
+                text = f"{cancelled_message} (after running {ran:.1f} s). Its output so far:\n{shown}"
             else:
-                out.append((self._calls[index], ToolResult.error(cancelled_message), False))
+                text = f"{cancelled_message} (after running {ran:.1f} s; no output so far)"
+            name = call.name or "the call"
+            result = ToolResult(False, text, data).capped(name, MORE_HINTS.get(name, DEFAULT_HINT))
+            out.append(Settled(call, result, False, round(ran * 1000.0, 3)))
         return out
 
     def __len__(self) -> int:

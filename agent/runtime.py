@@ -29,10 +29,11 @@ policy, the sandbox or the index — whoever made them does.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agent.approval import ApprovalDecision, ApprovalMode, Approver
 from agent.events import EventSink
 from agent.history import History
 from agent.policy import Policy
@@ -80,6 +81,9 @@ def build_session(
     session_id: str | None = None,
     history: History | None = None,
     tools: Sequence[Tool] | None = None,
+    approval_mode: ApprovalMode = "auto",
+    approver: Approver | None = None,
+    recorded_approvals: Mapping[str, ApprovalDecision | None] | None = None,
 ) -> Session:
     """A session over ``parts`` driven by ``policy`` (its default; turns may pass another).
 
@@ -87,6 +91,14 @@ def build_session(
     turn count, as :func:`agent.history.history_from_events` rebuilt them).
     ``tools`` replaces the derived tool set; it exists for benchmarks that
     time the loop with an instrumented tool — drivers leave it None.
+
+    ``approval_mode`` (:mod:`agent.approval`; RL and replay keep ``auto``) says
+    which calls wait for ``approver``'s answer; a mode other than ``auto``
+    without an approver raises ``ValueError``. ``recorded_approvals``
+    (:func:`agent.approval.recorded_decisions`) are answers to re-apply, once
+    each, to the calls with those ids, whatever the mode (None: run it without
+    asking, as the recording did): replay and branches pass them so a recorded
+    refusal is refused again and a re-executed step never waits for a user.
     """
     h = history or History()
     return Session(
@@ -102,6 +114,9 @@ def build_session(
         next_seq=h.last_seq + 1,
         turns_done=h.turns,
         search_index=parts.search_index,
+        approval_mode=approval_mode,
+        approver=approver,
+        recorded_approvals=recorded_approvals,
     )
 
 

@@ -11,8 +11,17 @@ assigned here, under a lock, so sinks see events strictly in order. A sink
 that awaits (the server persists before it sends) applies backpressure to
 the loop; that is deliberate.
 
+Around each tool call the session reports what the call is doing: held for
+the user's approval (``approval_requested`` / ``approval_resolved``, per the
+session's approval mode: :mod:`agent.approval`), waiting for earlier calls
+(``tool_call_queued``, then ``tool_call_running``), and what it prints while
+it runs (``tool_output_delta``, coalesced to one event per call every
+``Limits.output_delta_interval_s`` and capped at ``Limits.max_live_output_bytes``
+per call). A call's deltas all precede its ``tool_result``.
+
 Not guaranteed: token counts for policies that report neither token ids nor
-usage are estimates (4 characters per token).
+usage are estimates (4 characters per token); how live output is split into
+deltas (it follows the command's writes and the coalescing clock).
 """
 
 from __future__ import annotations
@@ -21,12 +30,23 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from agent.approval import (
+    ApprovalDecision,
+    ApprovalMode,
+    ApprovalRequest,
+    Approver,
+    approval_kind,
+    declined_result,
+    parse_approval_mode,
+)
 from agent.calls import CallRejected, ToolCall, render_results, validate_call
 from agent.events import (
+    ApprovalRequested,
+    ApprovalResolved,
     AssistantDelta,
     AssistantMessage,
     ErrorEvent,
@@ -35,7 +55,10 @@ from agent.events import (
     FileEditEvent,
     ListSink,
     ToolCallDelta,
+    ToolCallQueued,
+    ToolCallRunning,
     ToolCallStarted,
+    ToolOutputDelta,
     ToolResultEvent,
     TurnEnd,
     TurnStarted,
@@ -45,7 +68,7 @@ from agent.executor import CallOutcome, Executor
 from agent.parser import CallOpened, MalformedCall, ParamDelta, ParsedCall, ParseEvent, StreamParser, TextDelta
 from agent.policy import Policy, PolicyChunk, PolicyError
 from agent.prompt import DEFAULT_PROFILE, Message, PromptProfile, render_prompt
-from tools.base import Tool, ToolContext
+from tools.base import Resources, Tool, ToolContext, ToolResult, cut_text
 
 if TYPE_CHECKING:
     from tools.protocols import Sandbox, SearchIndex, Workspace
@@ -59,6 +82,8 @@ class Limits:
     max_output_tokens: int = 200_000  # per turn
     max_wall_s: float = 1800.0  # per turn
     max_calls_per_step: int = 64
+    output_delta_interval_s: float = 0.1  # at most one tool_output_delta per call this often
+    max_live_output_bytes: int = 128 << 10  # live output per call; the result still has head and tail
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +110,8 @@ class _StepState:
     finish: str | None = None
     open_names: dict[int, str] = field(default_factory=dict)
     recorded: bool = False
+    held: set[int] = field(default_factory=set)  # calls that were queued or awaited approval
+    live: dict[int, _LiveOutput] = field(default_factory=dict)  # open live output, by call index
 
     def add(self, chunk: PolicyChunk) -> None:
         self.parts.append(chunk.text)
@@ -139,7 +166,15 @@ class Session:
         next_seq: int = 1,
         turns_done: int = 0,
         search_index: SearchIndex | None = None,
+        approval_mode: ApprovalMode = "auto",
+        approver: Approver | None = None,
+        recorded_approvals: Mapping[str, ApprovalDecision | None] | None = None,
     ):
+        self._approval_mode = parse_approval_mode(approval_mode)
+        if self._approval_mode != "auto" and approver is None:
+            raise ValueError(f"approval mode {approval_mode!r} needs an approver to ask")
+        self._approver = approver
+        self._recorded_approvals = dict(recorded_approvals or {})
         self.session_id = session_id or uuid.uuid4().hex
         self.workspace = workspace
         self._policy = policy
@@ -221,6 +256,15 @@ class Session:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    @property
+    def approval_mode(self) -> ApprovalMode:
+        """What this session asks the user before running (read-only; :mod:`agent.approval`)."""
+        return self._approval_mode
+
+    @property
+    def approver(self) -> Approver | None:
+        return self._approver
+
     # -- events --------------------------------------------------------------
 
     async def emit(self, event: Event) -> None:
@@ -297,7 +341,10 @@ class Session:
         """
         prompt = render_prompt(self.conversation, self.specs, profile=self.profile)
         parser = StreamParser()
-        state = _StepState(step, Executor(self.tools, self.ctx, on_result=lambda o: self._on_result(step, o)))
+        hooks = _CallHooks(self)
+        state = _StepState(step, Executor(self.tools, self.ctx, on_result=lambda o: self._on_result(step, o),
+                                          hooks=hooks))
+        hooks.state = state
         self._current = state
         limit: _LimitHit | None = None
         finish_override: str | None = "aborted"
@@ -405,25 +452,183 @@ class Session:
                 )
             )
 
+    async def _approve(self, state: _StepState, call: ToolCall, resources: Resources) -> ToolResult | None:
+        """Ask before ``call`` runs, if the mode says so (or re-apply a recorded
+        answer); None means run it, a result is its refusal."""
+        if call.call_id in self._recorded_approvals:
+            recorded = self._recorded_approvals.pop(call.call_id)
+            if recorded is None:
+                return None  # it ran unasked in the recording: so it does again
+        else:
+            recorded = None
+        kind = approval_kind("ask-edits" if recorded is not None else self._approval_mode, resources)
+        if kind is None:
+            return None
+        state.held.add(call.index)
+        request = ApprovalRequest(call.call_id, call.name, dict(call.args), kind, state.step, call.index)
+        await self.emit(ApprovalRequested(step=state.step, index=call.index, call_id=call.call_id, name=call.name,
+                                          args=dict(call.args), kind=kind))
+        if recorded is not None:
+            decision, by = recorded, "recording"
+        else:
+            assert self._approver is not None  # checked in __init__
+            by = "user"
+            try:
+                decision = await self._approver.decide(request)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a broken prompt refuses; it must not run the call unasked
+                log.exception("session %s: approver failed", self.session_id)
+                decision = ApprovalDecision(False, f"(no answer: asking for approval failed: {type(exc).__name__})")
+        await self.emit(ApprovalResolved(step=state.step, index=call.index, call_id=call.call_id,
+                                         approved=decision.approved, reason=decision.reason, by=by))  # type: ignore[arg-type]
+        return None if decision.approved else declined_result(request, decision)
+
     async def _abort_tools(self, why: str) -> None:
         """Cancel the running step's tools and record (as events too) a
-        cancelled result for each call that had not finished, so the log
-        rebuilds exactly this conversation. The step's own message was
-        already recorded by :meth:`_step`."""
+        cancelled result for each call that had not finished -- with how long
+        it ran and the output it had printed -- so the log rebuilds exactly
+        this conversation. The step's own message was already recorded by
+        :meth:`_step`."""
         state = self._current
         self._current = None
         if state is None:
             return
         await state.executor.cancel()
         settled = state.executor.settled(f"cancelled: {why}")
-        for call, result, finished in settled:
-            if not finished:
+        for done in settled:
+            call, result = done.call, done.result
+            if not done.finished:
+                live = state.live.pop(call.index, None)
+                if live is not None:
+                    await live.close()  # what it printed is shown before its result
                 await self.emit(ToolResultEvent(step=state.step, index=call.index, call_id=call.call_id,
-                                                name=call.name, ok=False, output=result.output))
+                                                name=call.name, ok=False, output=result.output, data=result.data,
+                                                duration_ms=done.duration_ms))
+        for live in list(state.live.values()):
+            await live.close()
+        state.live.clear()
         if settled:
             self.conversation.append(
-                Message("tool", render_results([(c.name, c.index, r) for c, r, _ in settled]))
+                Message("tool", render_results([(d.call.name, d.call.index, d.result) for d in settled]))
             )
+
+
+class _CallHooks:
+    """The session's side of :class:`agent.executor.CallHooks` for one step."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.state: _StepState | None = None
+
+    def _state(self) -> _StepState:
+        assert self.state is not None
+        return self.state
+
+    async def approve(self, call: ToolCall, resources: Resources) -> ToolResult | None:
+        return await self.session._approve(self._state(), call, resources)
+
+    async def queued(self, call: ToolCall, waiting_for: list[str]) -> None:
+        state = self._state()
+        state.held.add(call.index)
+        await self.session.emit(ToolCallQueued(step=state.step, index=call.index, call_id=call.call_id,
+                                               waiting_for=waiting_for))
+
+    async def running(self, call: ToolCall) -> None:
+        state = self._state()
+        if call.index in state.held:
+            await self.session.emit(ToolCallRunning(step=state.step, index=call.index, call_id=call.call_id))
+
+    def output(self, call: ToolCall, text: str) -> None:
+        state = self._state()
+        live = state.live.get(call.index)
+        if live is None:
+            live = state.live[call.index] = _LiveOutput(self.session, state, call)
+        live.feed(text)
+
+    async def finished(self, call: ToolCall) -> None:
+        live = self._state().live.pop(call.index, None)
+        if live is not None:
+            await live.close()
+
+
+class _LiveOutput:
+    """One call's live output: coalesced into ``tool_output_delta`` events no
+    more often than the limit's interval, host paths scrubbed as results are,
+    capped at ``max_live_output_bytes``. :meth:`close` flushes the rest."""
+
+    def __init__(self, session: Session, state: _StepState, call: ToolCall) -> None:
+        self.session, self.state, self.call = session, state, call
+        limits = session.limits
+        self.interval = limits.output_delta_interval_s
+        self.cap = limits.max_live_output_bytes
+        self._chunks: list[str] = []
+        self._chars = 0
+        self._sent = 0  # bytes emitted
+        self._done = False  # the cap was reached, or closed
+        self._last = -math.inf
+        self._wake = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def feed(self, text: str) -> None:
+        if self._done or self._closing.is_set():
+            return
+        if self._chars <= self.cap - self._sent + 4096:  # past that, the cap drops it anyway
+            self._chunks.append(text)
+            self._chars += len(text)
+        if self._task is None:
+            self._task = asyncio.create_task(self._pump(), name=f"live-output:{self.call.call_id}")
+        self._wake.set()
+
+    async def _pump(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._closing.is_set():
+                return
+            delay = self._last + self.interval - loop.time()
+            if delay > 0:
+                try:
+                    await asyncio.wait_for(self._closing.wait(), delay)
+                    return  # close() flushes what is left
+                except TimeoutError:
+                    pass
+            await self._flush(final=False)
+            if self._done:
+                return
+
+    async def close(self) -> None:
+        """Flush what is pending and stop. Raises what the sink raised, if it failed."""
+        self._closing.set()
+        self._wake.set()
+        if self._task is not None:
+            await asyncio.wait([self._task])
+            if not self._task.cancelled() and self._task.exception() is not None:
+                raise self._task.exception()  # type: ignore[misc]
+        if not self._done:
+            await self._flush(final=True)
+        self._done = True
+
+    async def _flush(self, *, final: bool) -> None:
+        raw = "".join(self._chunks)
+        shown, held = self.state.executor.scrub_stream(raw, final=final)
+        self._chunks, self._chars = ([held], len(held)) if held else ([], 0)
+        if not shown:
+            return
+        size = len(shown.encode("utf-8", "surrogatepass"))
+        cut = self._sent + size > self.cap
+        if cut:
+            shown = cut_text(shown, max(0, self.cap - self._sent)) or ""
+            size = len(shown.encode("utf-8", "surrogatepass"))
+            self._done = True
+            self._chunks, self._chars = [], 0
+        self._sent += size
+        self._last = asyncio.get_running_loop().time()
+        state, call = self.state, self.call
+        await self.session.emit(ToolOutputDelta(step=state.step, index=call.index, call_id=call.call_id,
+                                                text=shown, cut=cut))
 
 
 def _count(chars: int, token_ids: list[int], reported: int | None) -> int:

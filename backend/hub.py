@@ -7,9 +7,25 @@ session's subscribers. A subscriber is a bounded queue: a client that falls
 slow" reason) and can reconnect from the last ``seq`` it saw; nobody else
 waits for it.
 
-Reconnect is lossless: :meth:`Hub.subscribe` registers the queue *before*
+Reconnect is lossless: :meth:`Hub.stream` registers the queue *before*
 reading the backlog from the log, so every event is either in the backlog or
 in the queue (duplicates are dropped by ``seq``).
+
+Approvals: a session's approval mode (``auto``, ``ask-commands``,
+``ask-edits``; :mod:`agent.approval`) is chosen when it is created and kept
+with it (in its ``source``, key ``approval_mode``, absent for ``auto``). Each
+live session has a :class:`agent.approval.PendingApprovals`; its requests are
+events (``approval_requested``) and :meth:`Hub.answer_approval` answers them
+(the WebSocket's ``approval`` message). A branch re-applies the answers
+recorded for the steps it re-executes.
+
+Sockets: :class:`SocketLimit` caps the WebSockets one token holds open at a
+time (``max_sockets_per_token``); ``send_stall_s`` is how long a send to a
+client may block before the client counts as too slow (``backend.api.ws``).
+
+Not guaranteed: an open approval request does not survive the server (the
+restarted server closes the turn, and the call reads as cancelled); answers
+given while no live session holds the request are refused (409), not queued.
 """
 
 from __future__ import annotations
@@ -19,8 +35,10 @@ import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
+from agent.approval import ApprovalDecision, ApprovalError, ApprovalMode, PendingApprovals, parse_approval_mode, \
+    recorded_decisions
 from agent.events import Event, TurnEnd
 from agent.history import closing_events, history_from_events
 from agent.policy import Policy
@@ -29,7 +47,8 @@ from agent.session import Limits, Session
 from backend.db.log import EventWriter, SessionInfo, SessionLog
 from backend.policies import PolicyFactory
 from tools.sandbox import Sandbox
-from tools.workspace import Workspace, WorkspaceStore
+from tools.snapshots import SnapshotError
+from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
 
 if TYPE_CHECKING:
     from embeddings.background import IndexPool
@@ -69,11 +88,52 @@ class Subscriber:
             pass  # the reader is busy draining; it checks ``dropped`` as it goes
 
 
+MAX_APPROVAL_REASON_CHARS = 2000
+"""The longest reason a user may give with an approval answer (the model reads it)."""
+
+
+def approval_mode_of(info: SessionInfo) -> ApprovalMode:
+    """The approval mode a session was created with (``auto`` for sessions from before modes existed)."""
+    try:
+        return parse_approval_mode(info.source.get("approval_mode", "auto"))
+    except ApprovalError:
+        return "auto"
+
+
+class SocketLimit:
+    """How many WebSockets each token (by its name) holds open; at most ``per_token``."""
+
+    def __init__(self, per_token: int) -> None:
+        if per_token < 1:
+            raise ValueError("per_token must be at least 1")
+        self.per_token = per_token
+        self._open: dict[str, int] = {}
+
+    def acquire(self, key: str) -> bool:
+        """Count one more socket for ``key``; False (and nothing counted) when it holds ``per_token``."""
+        n = self._open.get(key, 0)
+        if n >= self.per_token:
+            return False
+        self._open[key] = n + 1
+        return True
+
+    def release(self, key: str) -> None:
+        n = self._open.get(key, 0) - 1
+        if n > 0:
+            self._open[key] = n
+        else:
+            self._open.pop(key, None)
+
+    def open(self, key: str) -> int:
+        return self._open.get(key, 0)
+
+
 @dataclass(eq=False)
 class LiveSession:
     info: SessionInfo
     session: Session
     workspace: Workspace
+    approvals: PendingApprovals = field(default_factory=PendingApprovals)
     subscribers: set[Subscriber] = field(default_factory=set)
     turn_task: asyncio.Task[Any] | None = None
     cancelled: bool = False
@@ -105,7 +165,7 @@ class Hub:
     def __init__(
         self, *, log_: SessionLog, writer: EventWriter, store: WorkspaceStore, sandbox: Sandbox | None,
         policies: PolicyFactory, client_queue_events: int = 2048, limits: Limits = Limits(),
-        indexes: IndexPool | None = None,
+        indexes: IndexPool | None = None, max_sockets_per_token: int = 32, send_stall_s: float = 10.0,
     ):
         self.log = log_
         self.writer = writer
@@ -117,6 +177,8 @@ class Hub:
         self.indexes = indexes  # None: no semantic_search tool
         self.live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Lock] = {}
+        self.sockets = SocketLimit(max_sockets_per_token)
+        self.send_stall_s = send_stall_s
 
     def live_parts(self, workspace: Workspace) -> SessionParts:
         """Parts for a live session: the server's sandbox and the workspace's pooled
@@ -166,9 +228,7 @@ class Hub:
 
     async def shutdown(self) -> None:
         for live in list(self.live.values()):
-            if live.running:
-                live.session.interrupt(reason="shutdown")
-                await asyncio.wait([live.turn_task])  # type: ignore[list-item]
+            await self._stop(live, "shutdown")
             for sub in list(live.subscribers):
                 sub.close()
             await live.session.policy.aclose()
@@ -180,8 +240,17 @@ class Hub:
 
     async def create(
         self, *, owner: str, workspace: Workspace, policy: dict[str, Any], title: str, source: dict[str, Any],
-        parent_id: str | None = None, branch_step: int | None = None,
+        parent_id: str | None = None, branch_step: int | None = None, approval_mode: str = "auto",
     ) -> SessionInfo:
+        """Record a new session. ``approval_mode``: :data:`agent.approval.APPROVAL_MODES`
+        (400 otherwise); kept in the session's ``source``."""
+        try:
+            mode = parse_approval_mode(approval_mode)
+        except ApprovalError as exc:
+            raise HubError(400, str(exc)) from None
+        source = {k: v for k, v in source.items() if k != "approval_mode"}
+        if mode != "auto":
+            source["approval_mode"] = mode
         await asyncio.to_thread(self.log.save_snapshot, workspace.base)
         return await asyncio.to_thread(
             self.log.create_session, id=uuid.uuid4().hex, owner=owner, title=title[:200], source=source,
@@ -200,20 +269,48 @@ class Hub:
                 return live
             events = await asyncio.to_thread(self.log.all_events, info.id)
             h = history_from_events(events)
-            workspace = await asyncio.to_thread(self.store.open, info.workspace_id)
+            workspace = await self._open_workspace(info)
+            approvals = PendingApprovals()
             session = build_session(
                 self.live_parts(workspace), policy=policy or self.policies.build(info.policy, consumed=len(h.outputs)),
                 limits=self.limits, sink=_PersistThenBroadcast(self, info.id), session_id=info.id, history=h,
+                approval_mode=approval_mode_of(info), approver=approvals,
             )
-            live = LiveSession(info, session, workspace)
+            live = LiveSession(info, session, workspace, approvals)
             self.live[info.id] = live
             return live
 
+    async def _open_workspace(self, info: SessionInfo) -> Workspace:
+        try:
+            return await asyncio.to_thread(self.store.open, info.workspace_id)
+        except (WorkspaceError, SnapshotError, OSError) as exc:
+            raise HubError(410, f"this session's workspace is gone ({exc}); branch the session or create "
+                                "a new one") from None
+
+    async def answer_approval(self, info: SessionInfo, call_id: str, *, approved: bool, reason: str = "") -> None:
+        """Answer the open approval request of call ``call_id``: 409 when none is open
+        (never asked, answered already, or its turn ended), 400 for a reason over
+        :data:`MAX_APPROVAL_REASON_CHARS`."""
+        if len(reason) > MAX_APPROVAL_REASON_CHARS:
+            raise HubError(400, f"the reason is longer than {MAX_APPROVAL_REASON_CHARS} characters")
+        live = self.live.get(info.id)
+        if live is None:
+            raise HubError(409, f"no approval request is open for call {call_id!r}")
+        try:
+            live.approvals.answer(call_id, ApprovalDecision(approved, reason))
+        except ApprovalError as exc:
+            raise HubError(409, str(exc)) from None
+
     async def branch(
-        self, info: SessionInfo, *, owner: str, from_step: int, policy: dict[str, Any], auto_continue: bool = True
+        self, info: SessionInfo, *, owner: str, from_step: int, policy: dict[str, Any], auto_continue: bool = True,
+        approval_mode: str | None = None,
     ) -> SessionInfo:
         """A new session that re-executes ``info``'s first ``from_step`` model
-        outputs from its starting workspace, then continues with ``policy``."""
+        outputs from its starting workspace, then continues with ``policy``.
+
+        The re-executed steps get the answers recorded for their calls (a refused
+        call is refused again); the branch then asks per ``approval_mode``
+        (default: the parent's)."""
         from backend.replay import recorded_turns, run_recording, truncate_at_step
 
         events = await asyncio.to_thread(self.log.all_events, info.id)
@@ -226,15 +323,19 @@ class Hub:
         new = await self.create(
             owner=owner, workspace=workspace, policy=policy, source=info.source, parent_id=info.id,
             branch_step=from_step, title=f"branch of {info.title or info.id[:8]} at step {from_step}",
+            approval_mode=approval_mode if approval_mode is not None else approval_mode_of(info),
         )
         # The branch's own policy and limits are the session's defaults; the recorded
         # steps run with per-turn scripted policies (run_recording), then it continues.
+        approvals = PendingApprovals()
         session = build_session(
             self.replay_parts(workspace), policy=self.policies.build(policy), limits=self.limits,
             sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
+            approval_mode=approval_mode_of(new), approver=approvals,
+            recorded_approvals=recorded_decisions(events, model_calls=from_step, unasked=True),
         )
         await run_recording(truncate_at_step(turns, from_step), session)
-        live = LiveSession(new, session, workspace)
+        live = LiveSession(new, session, workspace, approvals)
         self.live[new.id] = live
         if auto_continue and session.conversation and session.conversation[-1].role == "tool":
             live.turn_ended = False
@@ -284,9 +385,19 @@ class Hub:
         live = self.live.get(info.id)
         if live is None or not live.running:
             return False
-        live.session.interrupt()
-        await asyncio.wait([live.turn_task])  # type: ignore[list-item]
+        await self._stop(live, "interrupted")
         return True
+
+    @staticmethod
+    async def _stop(live: LiveSession, reason: Literal["interrupted", "shutdown"]) -> None:
+        """Interrupt the session's turn and wait for it to end. The hub's turn task may
+        not have started the session's turn yet (it records the status first): an
+        interrupt then finds nothing to stop, so it is repeated until it lands. A turn
+        waiting for an approval would otherwise wait for ever."""
+        task = live.turn_task
+        while task is not None and not task.done():
+            live.session.interrupt(reason=reason)
+            await asyncio.wait([task], timeout=0.02)
 
     async def cancel(self, info: SessionInfo) -> None:
         live = self.live.get(info.id)

@@ -25,7 +25,12 @@ class Usage:
 
 
 def tree_usage(root: Path, max_entries: int = MAX_ENTRIES) -> Usage:
-    """Allocated bytes of everything beneath ``root`` (``root`` itself excluded)."""
+    """Allocated bytes of everything beneath ``root`` (``root`` itself excluded). For a
+    copy-on-write workspace (an overlay mount) only its upper layer — what commands wrote —
+    is walked: the read-only source below (a multi-GB virtualenv) is not the session's."""
+    from tools.overlay import upper_dir
+
+    root = upper_dir(Path(root)) or Path(root)
     total = entries = 0
     stack = [os.fspath(root)]
     while stack:

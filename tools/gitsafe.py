@@ -25,7 +25,9 @@ the tree (each ``.git`` directory, and any directory that looks like one:
 
 :func:`host_git` runs git on the host with ``GIT_*`` variables removed (no
 inherited ``GIT_DIR``), the system config off, hooks off
-(``core.hooksPath=/dev/null``) and ``core.fsmonitor=false``.
+(``core.hooksPath=/dev/null``) and ``core.fsmonitor=false``;
+:func:`tracked_paths` and :func:`archive_into` use it to read a source
+repository (its tracked files; a commit's tree).
 
 Not guaranteed: protection for a developer who copies a workspace without
 this step, or who runs git with other tools that read the repository's
@@ -97,6 +99,36 @@ def host_git(cwd: str | os.PathLike[str], *args: str, text: bool = True) -> subp
     """Run ``git -C cwd <safe options> args`` on the host with :func:`host_env`."""
     return subprocess.run(["git", "-C", os.fspath(cwd), *SAFE_GIT_OPTIONS, *args], capture_output=True,
                           text=text, env=host_env(), stdin=subprocess.DEVNULL)
+
+
+class GitArchiveError(Exception):
+    """``git archive`` or the ``tar`` reading it failed (the message is theirs)."""
+
+
+def tracked_paths(src: str | os.PathLike[str]) -> set[str]:
+    """Paths git tracks beneath ``src`` (relative to it); none if ``src`` is not in a work tree."""
+    proc = subprocess.run(["git", "-C", os.fspath(src), *SAFE_GIT_OPTIONS, "ls-files", "-z", "--cached"],
+                          capture_output=True, env=host_env(), stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        return set()
+    return {os.fsdecode(p) for p in proc.stdout.split(b"\0") if p}
+
+
+def archive_into(repo: str | os.PathLike[str], sha: str, dest: str | os.PathLike[str]) -> None:
+    """Extract ``git archive`` of commit ``sha`` into the directory ``dest`` (raises GitArchiveError)."""
+    with tempfile.TemporaryFile() as err, subprocess.Popen(
+        ["git", "-C", os.fspath(repo), *SAFE_GIT_OPTIONS, "archive", "--format=tar", sha],
+        stdout=subprocess.PIPE, stderr=err, env=host_env(), stdin=subprocess.DEVNULL,
+    ) as archive:
+        untar = subprocess.run(["tar", "-x", "-f", "-", "-C", os.fspath(dest)],
+                               stdin=archive.stdout, capture_output=True)
+        if archive.stdout is not None:
+            archive.stdout.close()
+        ok = archive.wait() == 0 and untar.returncode == 0
+        err.seek(0)
+        message = (err.read() or untar.stderr).decode(errors="replace").strip()
+    if not ok:
+        raise GitArchiveError(message)
 
 
 def neutralise_git(root: str | os.PathLike[str]) -> GitNeutralised:

@@ -13,6 +13,10 @@ each other and with reads and searches (``read_file``, ``grep``, ``glob``,
 edited code, and a command that regenerates a file must not interleave with
 an edit of that file.
 
+While it runs, the command's output goes to the call's output listener
+(:mod:`tools.progress`: the session streams it to clients as
+``tool_output_delta`` events); the result is what the model reads.
+
 Not guaranteed: the isolation is whatever ``ctx.sandbox`` provides (see
 :mod:`tools.sandbox`); this tool adds no checks of its own on what a command
 does. Two commands of one step that touch the same files race (as two shell
@@ -23,8 +27,9 @@ b``) or issue them in separate steps.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tools.argv import ArgvError
@@ -38,6 +43,7 @@ from tools.base import (
     ToolResult,
     ToolSpec,
 )
+from tools.progress import OutputListener, current_listener
 from tools.sandbox import CommandResult, SandboxLimits
 
 _DESCRIPTION = """\
@@ -108,8 +114,12 @@ class RunCommand:
         if ctx.sandbox is None:
             raise ToolError("commands are disabled: no sandbox is configured")
         limits = dataclasses.replace(self.limits, timeout_s=float(self.timeout_for(args)))
+        listener = current_listener()
         try:
-            result = await ctx.sandbox.run(command, ctx.workspace.root, limits)
+            if listener is None:  # nobody watches: the sandbox need not support live output
+                result = await ctx.sandbox.run(command, ctx.workspace.root, limits)
+            else:
+                result = await ctx.sandbox.run(command, ctx.workspace.root, limits, on_output=_decoding(listener))
         except ArgvError as exc:
             raise ToolError(str(exc)) from None
         return ToolResult(
@@ -117,6 +127,19 @@ class RunCommand:
             output=f"{header(result, limits)}\n{result.output or '(no output)'}",
             data=dataclasses.asdict(result),
         )
+
+
+def _decoding(listener: OutputListener) -> Callable[[bytes], None]:
+    """Raw output chunks to text for ``listener``: UTF-8, a character split between
+    chunks kept whole, invalid bytes replaced (as the result's output does)."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(chunk: bytes) -> None:
+        text = decoder.decode(chunk)
+        if text:
+            listener(text)
+
+    return feed
 
 
 def header(result: CommandResult, limits: SandboxLimits) -> str:

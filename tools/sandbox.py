@@ -65,7 +65,7 @@ import os
 import shlex
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol, runtime_checkable
@@ -151,10 +151,17 @@ class Sandbox(Protocol):
 
     Raises :class:`tools.argv.ArgvError` (a ValueError) for a command that
     cannot be passed to a program (a NUL byte, over 128 KiB).
+
+    ``on_output``, when given, receives the command's raw merged output as it
+    is read (every byte, in order, before the result's head-and-tail cut);
+    it is called on the event loop and must not block. Callers pass it only
+    when they want live output, so an implementation written before it existed
+    keeps working for everyone else.
     """
 
     async def run(
-        self, command: str, cwd: Path, limits: SandboxLimits | None = None
+        self, command: str, cwd: Path, limits: SandboxLimits | None = None, *,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> CommandResult: ...
 
 
@@ -186,7 +193,8 @@ class _CgroupRunner:
         return {"PATH": SAFE_PATH, "LANG": "C.UTF-8"}
 
     async def run(
-        self, command: str, cwd: Path, limits: SandboxLimits | None = None
+        self, command: str, cwd: Path, limits: SandboxLimits | None = None, *,
+        on_output: Callable[[bytes], None] | None = None,
     ) -> CommandResult:
         limits = limits or SandboxLimits()
         check_arg("command", command)
@@ -207,6 +215,7 @@ class _CgroupRunner:
                 output_bytes=limits.output_bytes,
                 kill_output_bytes=limits.kill_output_bytes,
                 term_spares_launcher=self._term_spares_launcher,
+                on_output=on_output,
             )
             oom = group.oom_killed()
         finally:

@@ -29,6 +29,13 @@ the blob's id and leaves the tree untouched. A blob that changes on disk
 during the restore itself is still detected (each copy is hashed as it is
 written) but then the tree is left partly restored, and the error says so.
 
+Ignored paths (``.gitignore``, see :mod:`tools.gitignore`) are not part of a
+snapshot when the caller passes ``ignore``: :func:`build_manifest` never reads
+them (a 3 GB ``.venv`` costs nothing), and :func:`restore_tree` leaves them as
+they are. A snapshot's ``origin`` says where they came from (a workspace
+opened in place over a host directory), so a workspace made from the
+snapshot can show them again.
+
 Not captured (so not restored): special files (FIFOs, sockets, devices, which
 are skipped), ownership, timestamps, xattrs/ACLs, directory permissions, the
 permission bits other than "executable" (files come back 0644 or 0755), and
@@ -53,6 +60,8 @@ from typing import Any
 
 from tools.blobs import BlobStore, SnapshotError
 from tools.diffs import MODE_EXEC, MODE_FILE, MODE_LINK
+from tools.gitignore import IgnoreRules
+from tools.delayed_progress import DelayedProgress
 from tools.paths import O_PATH, display_path, open_beneath
 from tools.treewalk import (
     OnLimit,
@@ -149,45 +158,61 @@ class ManifestEntry:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """An exact, immutable description of a tree. Equal and hashed by ``id``."""
+    """An exact, immutable description of a tree. Equal and hashed by ``id``.
+
+    ``origin`` (part of the id when set) is the host directory a workspace was
+    opened from in place: the snapshot's *ignored* paths (never in the
+    manifest) are that directory's, as it is when the snapshot is used.
+    """
 
     id: str
     manifest: Mapping[str, ManifestEntry] = field(compare=False, hash=False, repr=False)
+    origin: str | None = field(default=None, compare=False, hash=False)
 
     @classmethod
-    def from_manifest(cls, manifest: Mapping[str, ManifestEntry]) -> Snapshot:
+    def from_manifest(cls, manifest: Mapping[str, ManifestEntry], origin: str | None = None) -> Snapshot:
         frozen = MappingProxyType(dict(sorted(manifest.items())))
-        return cls(id=hashlib.sha256(canonical_json(frozen)).hexdigest(), manifest=frozen)
+        return cls(id=hashlib.sha256(canonical_json(frozen, origin)).hexdigest(), manifest=frozen, origin=origin)
 
     @classmethod
     def from_json(cls, raw: bytes, expected_id: str | None = None) -> Snapshot:
         obj = json.loads(raw)
         if obj.get("version") != MANIFEST_VERSION:
             raise SnapshotError(f"unsupported manifest version {obj.get('version')!r}")
-        snap = cls.from_manifest({p: ManifestEntry.from_json(e) for p, e in obj["entries"].items()})
+        origin = obj.get("origin")
+        if origin is not None and not (isinstance(origin, str) and origin.startswith("/")):
+            raise SnapshotError(f"bad origin in manifest: {origin!r}")
+        snap = cls.from_manifest({p: ManifestEntry.from_json(e) for p, e in obj["entries"].items()}, origin)
         if expected_id is not None and snap.id != expected_id:
             raise SnapshotError(f"snapshot {expected_id} is corrupt (content hashes to {snap.id})")
         return snap
 
     def to_json(self) -> bytes:
-        return canonical_json(self.manifest)
+        return canonical_json(self.manifest, self.origin)
 
 
-def canonical_json(manifest: Mapping[str, ManifestEntry]) -> bytes:
-    """Canonical bytes of a manifest: sorted keys, no spaces, ASCII (non-UTF-8 names escape)."""
-    body = {"version": MANIFEST_VERSION, "entries": {p: e.to_json() for p, e in manifest.items()}}
+def canonical_json(manifest: Mapping[str, ManifestEntry], origin: str | None = None) -> bytes:
+    """Canonical bytes of a manifest: sorted keys, no spaces, ASCII (non-UTF-8 names escape).
+
+    Without ``origin`` the bytes (so the ids) are those of every earlier version.
+    """
+    body: dict[str, Any] = {"version": MANIFEST_VERSION, "entries": {p: e.to_json() for p, e in manifest.items()}}
+    if origin is not None:
+        body["origin"] = origin
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def file_entry(item: TreeItem, blobs: BlobStore | None, max_file_bytes: int | None) -> ManifestEntry:
+def file_entry(item: TreeItem, blobs: BlobStore | None, max_file_bytes: int | None, *,
+               strict: bool = False) -> ManifestEntry:
     """The manifest entry of a regular file, hashed streamed; with ``blobs``, also stored.
 
-    Over ``max_file_bytes`` (``None``: no limit): with ``blobs``, raises
-    :class:`FileTooLargeError`; without, returns an unhashed entry (size only).
+    Over ``max_file_bytes`` (``None``: no limit): with ``blobs`` or
+    ``strict``, raises :class:`FileTooLargeError`; otherwise returns an
+    unhashed entry (size only).
     """
     size, executable = item.st.st_size, bool(item.st.st_mode & 0o100)
     if max_file_bytes is not None and size > max_file_bytes:
-        if blobs is not None:
+        if blobs is not None or strict:
             raise FileTooLargeError(item.path, size, max_file_bytes)
         return ManifestEntry(EntryKind.FILE, sha256=None, executable=executable, size=size)
     fd = open_item(item)
@@ -215,18 +240,28 @@ def file_entry(item: TreeItem, blobs: BlobStore | None, max_file_bytes: int | No
         os.close(fd)
 
 
+def _shown_by(ignore: IgnoreRules | None) -> Callable[[TreeItem], bool] | None:
+    if ignore is None:
+        return None
+    return lambda item: ignore.shown(item.path, is_dir=stat.S_ISDIR(item.st.st_mode))
+
+
 def build_manifest(
     root: str | os.PathLike[str], blobs: BlobStore | None, *,
     max_file_bytes: int | None = MAX_SNAPSHOT_FILE_BYTES, on_limit: OnLimit | None = None,
+    ignore: IgnoreRules | None = None, strict: bool = False, progress: DelayedProgress | None = None,
 ) -> dict[str, ManifestEntry]:
     """Describe the tree at ``root``; with ``blobs``, also store every file's bytes.
 
-    Raises :class:`FileTooLargeError` (with ``blobs``) and
+    With ``ignore``, paths it does not show are left out: never read,
+    hashed, stored or checked against the limits. ``progress`` counts the files hashed.
+    Raises :class:`FileTooLargeError` (with ``blobs`` or ``strict``: a
+    manifest whose blobs the caller stores later) and
     :class:`TreeTooDeepError` (without ``on_limit``); see the module docstring.
     """
     manifest: dict[str, ManifestEntry] = {}
     try:
-        for item in scan_tree(root, on_limit=on_limit):
+        for item in scan_tree(root, on_limit=on_limit, include=_shown_by(ignore)):
             mode = item.st.st_mode
             if stat.S_ISDIR(mode):
                 manifest[item.path] = ManifestEntry(EntryKind.DIR)
@@ -235,17 +270,25 @@ def build_manifest(
                 manifest[item.path] = ManifestEntry(EntryKind.SYMLINK, target=target)
             elif stat.S_ISREG(mode):
                 try:
-                    manifest[item.path] = file_entry(item, blobs, max_file_bytes)
+                    manifest[item.path] = file_entry(item, blobs, max_file_bytes, strict=strict)
                 except FileNotFoundError:
                     continue  # removed while walking
+                if progress is not None:
+                    progress.update()
     except TreeLimitError as exc:
         raise TreeTooDeepError(f"cannot snapshot the tree: {exc}; snapshots hold trees up to "
                                "that depth and path length") from None
     return manifest
 
 
-def restore_tree(root: str | os.PathLike[str], snapshot: Snapshot, blobs: BlobStore) -> None:
+def restore_tree(root: str | os.PathLike[str], snapshot: Snapshot, blobs: BlobStore, *,
+                 ignore: IgnoreRules | None = None) -> None:
     """Make the tree at ``root`` exactly equal to ``snapshot``.
+
+    With ``ignore`` (built from the *snapshot's* ignore files, keeping at least
+    its paths), paths it does not show are left as they are: ignored files
+    are not part of a snapshot, and restoring one keeps a project's
+    virtualenv.
 
     Three phases: (1) scan the tree (iteratively; entries too deep for a
     snapshot are scheduled for removal) and plan what to remove and write;
@@ -277,7 +320,7 @@ def restore_tree(root: str | os.PathLike[str], snapshot: Snapshot, blobs: BlobSt
         have[item.path] = cur
         return True
 
-    for _ in scan_tree(root, on_limit=too_deep, descend=keep):
+    for _ in scan_tree(root, on_limit=too_deep, descend=keep, include=_shown_by(ignore)):
         pass
     writes = [(p, e) for p, e in want.items()
               if e.kind is EntryKind.FILE and e.sha256 is not None

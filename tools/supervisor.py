@@ -27,7 +27,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,12 +102,18 @@ async def supervise(
     output_bytes: int,
     kill_output_bytes: int | None,
     term_spares_launcher: bool,
+    on_output: Callable[[bytes], None] | None = None,
 ) -> Supervised:
     """Run ``argv`` to completion or deadline; the whole tree is gone on return.
 
     ``term_spares_launcher``: on timeout, SIGTERM the processes in ``group``
     but not the launcher (bwrap would turn a SIGTERM into an instant kill of
     the namespace, denying the command its grace period).
+
+    ``on_output`` receives every chunk of output as it is read (on the event
+    loop, before the chunk is counted against the caps), all of it even past
+    ``output_bytes``: it must be cheap and do its own capping. An exception
+    from it is logged and does not stop the command.
     """
     loop = asyncio.get_running_loop()
     buf = OutputBuffer(output_bytes)
@@ -143,6 +149,11 @@ async def supervise(
                 eof.set_result(None)
             return
         buf.feed(data)
+        if on_output is not None:
+            try:
+                on_output(data)
+            except Exception:  # a display problem must not kill or hang the command
+                log.exception("output listener failed")
         if kill_output_bytes is not None and buf.total > kill_output_bytes:
             if not overflow.done():
                 overflow.set_result(None)

@@ -8,7 +8,9 @@
   them as holes.
 * :func:`remove_tree` deletes a tree of any depth with two fds open at a time
   and no recursion (a 3.11 ``shutil.rmtree`` recurses once per level and hits
-  ``RecursionError`` near 1,000 levels).
+  ``RecursionError`` near 1,000 levels). A directory that cannot be renamed
+  (``EXDEV``: a lower-layer directory of an overlay mounted without
+  ``redirect_dir``) is removed depth-first in place instead, one fd per level.
 
 Not guaranteed: a concurrent writer can change the tree during a walk (a
 file that changes while it is hashed or copied is reported by the caller
@@ -67,9 +69,13 @@ OnLimit = Callable[[TreeItem, TreeLimitError], None]
 
 def scan_tree(root: str | os.PathLike[str], *, on_limit: OnLimit | None = None,
               descend: Callable[[TreeItem], bool] | None = None,
+              include: Callable[[TreeItem], bool] | None = None,
               max_depth: int = MAX_TREE_DEPTH) -> Iterator[TreeItem]:
     """Walk ``root`` by directory fds without following any symlink (parents first, sorted).
 
+    ``include`` is asked about every entry first (in walk order); an entry it
+    refuses is neither yielded nor descended into, nor checked against the
+    limits (an ignored ``.venv`` may be as deep as it likes).
     An entry deeper than ``max_depth`` levels or with a path longer than
     :data:`MAX_PATH_BYTES` raises :class:`TreeLimitError`, or, with
     ``on_limit``, is passed to it (and neither yielded nor descended into).
@@ -93,6 +99,8 @@ def scan_tree(root: str | os.PathLike[str], *, on_limit: OnLimit | None = None,
             except FileNotFoundError:
                 continue
             item = TreeItem(prefix + name, st, fd, name)
+            if include is not None and not include(item):
+                continue
             problem = _limit_problem(item.path, len(stack), max_depth)
             if problem is not None:
                 if on_limit is None:
@@ -244,7 +252,8 @@ def remove_tree(dir_fd: int, name: str) -> None:
     Iterative and depth-independent: a subdirectory's files are unlinked and
     its subdirectories renamed up into the directory being removed, then the
     emptied subdirectory is removed, so every directory moves at most once and
-    two fds are open at a time.
+    two fds are open at a time. A subdirectory that refuses to move (``EXDEV``,
+    an overlay's lower directory) is removed in place, depth-first.
     Directories without search permission are given it first. A missing
     ``name`` is not an error.
     """
@@ -271,16 +280,58 @@ def remove_tree(dir_fd: int, name: str) -> None:
                     with os.scandir(sub) as it:
                         children = [(c.name, c.is_dir(follow_symlinks=False)) for c in it]
                     for child, is_dir in children:
-                        if is_dir:  # moved up: removed by a later pass, with no recursion
-                            os.rename(child, f".fw-rm-{secrets.token_hex(8)}", src_dir_fd=sub, dst_dir_fd=top)
-                        else:
+                        if not is_dir:
                             os.unlink(child, dir_fd=sub)
+                            continue
+                        try:  # moved up: removed by a later pass, with no recursion
+                            os.rename(child, f".fw-rm-{secrets.token_hex(8)}", src_dir_fd=sub, dst_dir_fd=top)
+                        except OSError as exc:
+                            if exc.errno != errno.EXDEV:
+                                raise
+                            _remove_in_place(sub, child)  # an overlay's lower directory cannot move
                 finally:
                     os.close(sub)
                 os.rmdir(entry, dir_fd=top)
     finally:
         os.close(top)
     os.rmdir(name, dir_fd=dir_fd)
+
+
+def _remove_in_place(dir_fd: int, name: str) -> None:
+    """Remove the directory ``name`` depth-first, without renaming anything (one fd per level).
+
+    For directories ``rename`` refuses with ``EXDEV``: on an overlay mounted
+    without ``redirect_dir``, a directory of a lower layer cannot be moved.
+    """
+    stack: list[tuple[int, str, int, Iterator[str]]] = []
+
+    def enter(parent: int, entry: str) -> None:
+        fd = _open_dir(parent, entry)
+        try:
+            with os.scandir(fd) as it:
+                children = [(c.name, c.is_dir(follow_symlinks=False)) for c in it]
+            for child, is_dir in children:
+                if not is_dir:
+                    os.unlink(child, dir_fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        stack.append((parent, entry, fd, iter(sorted(c for c, d in children if d))))
+
+    enter(dir_fd, name)
+    try:
+        while stack:
+            parent, entry, fd, subdirs = stack[-1]
+            child = next(subdirs, None)
+            if child is not None:
+                enter(fd, child)
+                continue
+            os.close(fd)
+            stack.pop()
+            os.rmdir(entry, dir_fd=parent)
+    finally:
+        for _, _, fd, _ in stack:
+            os.close(fd)
 
 
 def _open_dir(dir_fd: int, name: str) -> int:

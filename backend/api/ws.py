@@ -1,4 +1,4 @@
-"""The per-session WebSocket: user messages and interrupts in, events out.
+"""The per-session WebSocket: user messages, interrupts and approval answers in, events out.
 
 Authentication happens before the socket is accepted: a bearer token in the
 ``Authorization`` header, or (for browsers, which cannot set headers) the
@@ -6,11 +6,28 @@ subprotocol ``flywheel.token.<TOKEN>``. A browser's ``Origin`` must match the
 allowed origins; clients that send no Origin (editor plugins, the terminal
 client) are not browsers and are judged by their token alone.
 
-Refused handshakes get an HTTP response: 401 no/invalid token, 403 other
-user's session or bad origin, 404 no such session (servers without the
-denial-response extension close with 4401/4403/4404 instead). After accept:
-close code 4408 means the client fell too far behind (reconnect with
-``?after=<last seq>``).
+Refused handshakes get an HTTP response: 400 ``after`` out of range, 401
+no/invalid token, 403 other user's session or bad origin, 404 no such
+session, 410 the session's workspace is gone, 429 the token already holds
+``max_sockets_per_token`` sockets (servers without the denial-response
+extension close with 4000 + that status instead).
+
+After accept the server closes with one of the codes in :data:`CLOSE_CODES`
+(``docs/protocol.md`` lists them): 4408 the client fell too far behind (its
+queue overflowed, or one send blocked for ``send_stall_s``; reconnect with
+``?after=<last seq>``), 1009 a message over :data:`MAX_MESSAGE_BYTES`, 1003 a
+binary message, 1001 the server is shutting down, 4410 the workspace went
+away, 1011 an internal error. 1000 is used only when the client closed first.
+
+Not guaranteed: the close reaches a client that has stopped reading. TCP
+delivers it after everything already buffered for that client, so a client
+that reads nothing sees the connection end only when the server's keepalive
+gives up (uvicorn: about 20 s after an unanswered ping). A client that pings
+(the ``websockets`` library does by default) may time its own ping out behind
+a deep backlog and report 1006 on its side; clients that read slowly should
+ping less eagerly. The message-size limit is checked here, after the server
+has read the message: the ASGI server's own limit (uvicorn ``ws_max_size``,
+which the CLI sets to :data:`MAX_MESSAGE_BYTES`) is what bounds memory.
 """
 
 from __future__ import annotations
@@ -20,6 +37,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -36,6 +54,32 @@ from backend.hub import HubError, SlowClient
 router = APIRouter()
 log = logging.getLogger(__name__)
 TOKEN_PROTOCOL = "flywheel.token."
+
+MAX_MESSAGE_BYTES = 1 << 20
+"""The largest message a client may send (UTF-8 bytes); larger ones close the socket with 1009."""
+MAX_AFTER = (1 << 63) - 1
+"""The largest ``after`` the log can compare against (a signed 64-bit integer)."""
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_UNSUPPORTED = 1003
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL = 1011
+CLOSE_SLOW = 4408
+CLOSE_GONE = 4410
+CLOSE_CODES: dict[int, str] = {
+    CLOSE_NORMAL: "the client closed the connection",
+    CLOSE_GOING_AWAY: "the server is shutting down; reconnect with ?after=<last seq>",
+    CLOSE_UNSUPPORTED: "a binary message: send JSON text",
+    CLOSE_TOO_BIG: f"a message larger than {MAX_MESSAGE_BYTES} bytes",
+    CLOSE_INTERNAL: "an internal error",
+    CLOSE_SLOW: "the client fell too far behind; reconnect with ?after=<last seq>",
+    CLOSE_GONE: "the session's workspace is gone",
+}
+"""Every close code the server sends after accepting a socket, and what it means."""
+
+_USAGE = ('expected {"type": "user_message", "text": "..."}, {"type": "interrupt"} or '
+          '{"type": "approval", "call_id": "...", "approved": true|false, "reason"?: "..."}')
 
 
 def origin_allowed(origin: str, allowed: list[str]) -> bool:
@@ -66,9 +110,31 @@ def _token(ws: WebSocket) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _reason(text: str) -> str:
+    """A close reason within the protocol's 123 bytes."""
+    raw = text.encode("utf-8")
+    if len(raw) <= 123:
+        return text
+    return raw[:120].decode("utf-8", "ignore") + "..."
+
+
+class _Closing(Exception):
+    """Ends the connection with ``code`` (raised by either side of the socket)."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _too_big(text: str) -> bool:
+    return len(text) * 4 > MAX_MESSAGE_BYTES and len(text.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES
+
+
 @router.websocket("/v1/sessions/{session_id}/ws")
 async def session_socket(ws: WebSocket, session_id: str, after: int = 0) -> None:
     state: AppState = ws.app.state.flywheel
+    hub = state.hub
     origin = ws.headers.get("origin")
     if origin is not None and not origin_allowed(origin, state.settings.allowed_origins):
         return await _deny(ws, 403, "origin not allowed")
@@ -76,41 +142,86 @@ async def session_socket(ws: WebSocket, session_id: str, after: int = 0) -> None
     user = await asyncio.to_thread(state.log.verify_token, token) if token else None
     if user is None:
         return await _deny(ws, 401, "missing or invalid token")
+    if not 0 <= after <= MAX_AFTER:
+        return await _deny(ws, 400, f"after must be between 0 and {MAX_AFTER}")
     info = await asyncio.to_thread(state.log.get_session, session_id)
     if info is None:
         return await _deny(ws, 404, "no such session")
     if not can_access(user, info):
         return await _deny(ws, 403, "this session belongs to another user")
-    await ws.accept(subprotocol=proto)
+    if not hub.sockets.acquire(user.name):
+        return await _deny(ws, 429, f"this token already has {hub.sockets.per_token} WebSockets open; "
+                                    "close one first")
+    try:
+        try:
+            await hub.get_live(info)  # a session whose workspace is gone is refused here, not after accept
+        except HubError as exc:
+            return await _deny(ws, exc.status, str(exc))
+        await ws.accept(subprotocol=proto)
+        await _serve(ws, state, info, after)
+    finally:
+        hub.sockets.release(user.name)
+
+
+async def _serve(ws: WebSocket, state: AppState, info: Any, after: int) -> None:
+    hub = state.hub
+    session_id = info.id
     send_lock = asyncio.Lock()
+    sent = after  # the last seq this client was sent in full
+    background: set[asyncio.Task[Any]] = set()
+    ending: list[_Closing] = []
 
     async def send(text: str) -> None:
         async with send_lock:
             await ws.send_text(text)
 
     async def pump_events() -> None:
+        nonlocal sent
         try:
-            async for event in state.hub.stream(info, max(0, after)):
-                await send(event_to_json(event))
-        except SlowClient as exc:
-            await ws.close(code=4408, reason=str(exc)[:120])
+            async for event in hub.stream(info, after):
+                try:
+                    async with asyncio.timeout(hub.send_stall_s):
+                        await send(event_to_json(event))
+                except TimeoutError:
+                    raise SlowClient(sent) from None
+                sent = event.seq
+        except SlowClient:
+            raise _Closing(CLOSE_SLOW, f"client fell too far behind; reconnect with after={sent}") from None
+        except HubError as exc:
+            raise _Closing(CLOSE_GONE if exc.status == 410 else CLOSE_INTERNAL, str(exc)) from None
+        raise _Closing(CLOSE_GOING_AWAY, f"the server is shutting down; reconnect with after={sent}")
+
+    async def handle(msg: Any) -> None:
+        kind = msg.get("type") if isinstance(msg, dict) else None
+        current = await asyncio.to_thread(state.log.get_session, session_id) or info
+        if kind == "user_message" and isinstance(msg.get("text"), str) and msg["text"]:
+            await hub.send(current, msg["text"])
+        elif kind == "interrupt":
+            task = asyncio.create_task(hub.interrupt(current))
+            background.add(task)
+            task.add_done_callback(background.discard)
+        elif (kind == "approval" and isinstance(msg.get("call_id"), str) and isinstance(msg.get("approved"), bool)
+              and isinstance(msg.get("reason", ""), str)):
+            await hub.answer_approval(current, msg["call_id"], approved=msg["approved"], reason=msg.get("reason", ""))
+        else:
+            raise HubError(400, _USAGE)
 
     async def read_commands() -> None:
         while True:
-            raw = await ws.receive_text()
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(message.get("code", CLOSE_NORMAL))
+            raw = message.get("text")
+            if raw is None:
+                raise _Closing(CLOSE_UNSUPPORTED, "binary messages are not supported; send JSON text")
+            if _too_big(raw):
+                raise _Closing(CLOSE_TOO_BIG, f"message larger than {MAX_MESSAGE_BYTES} bytes")
             try:
                 msg = json.loads(raw)
-                kind = msg.get("type") if isinstance(msg, dict) else None
             except json.JSONDecodeError:
-                kind, msg = None, {}
-            current = await asyncio.to_thread(state.log.get_session, session_id)
+                msg = None
             try:
-                if kind == "user_message" and isinstance(msg.get("text"), str) and msg["text"]:
-                    await state.hub.send(current or info, msg["text"])
-                elif kind == "interrupt":
-                    asyncio.create_task(state.hub.interrupt(current or info))
-                else:
-                    raise HubError(400, 'expected {"type": "user_message", "text": "..."} or {"type": "interrupt"}')
+                await handle(msg)
             except HubError as exc:
                 await send(json.dumps({"type": "request_error", "status": exc.status, "message": str(exc)}))
 
@@ -119,8 +230,11 @@ async def session_socket(ws: WebSocket, session_id: str, after: int = 0) -> None
             await part()
         except WebSocketDisconnect:
             pass
-        except Exception as exc:  # logged; the socket closes below
+        except _Closing as exc:
+            ending.append(exc)
+        except Exception as exc:  # logged; the socket closes with 1011 below
             log.warning("websocket %s: %r", session_id, exc)
+            ending.append(_Closing(CLOSE_INTERNAL, "internal error"))
         finally:
             group.cancel_scope.cancel()  # either side ending ends the connection
 
@@ -129,5 +243,6 @@ async def session_socket(ws: WebSocket, session_id: str, after: int = 0) -> None
         group.start_soon(until_done, pump_events, group)
         group.start_soon(until_done, read_commands, group)
     if ws.application_state is WebSocketState.CONNECTED and ws.client_state is WebSocketState.CONNECTED:
+        end = ending[0] if ending else _Closing(CLOSE_NORMAL, "")
         with contextlib.suppress(RuntimeError):
-            await ws.close()
+            await ws.close(code=end.code, reason=_reason(end.reason))

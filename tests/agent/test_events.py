@@ -127,3 +127,45 @@ async def test_sinks_accept_cleaned_events() -> None:
     sink = ListSink()
     await sink.emit(AssistantDelta(step=1, text="\ud800"))
     assert sink.events[0].text == "\ufffd"
+
+
+def test_live_tool_state_events_round_trip_and_are_known() -> None:
+    from agent.events import (
+        KNOWN_TYPES,
+        ApprovalRequested,
+        ApprovalResolved,
+        ToolCallQueued,
+        ToolCallRunning,
+        ToolOutputDelta,
+        event_from_json_or_none,
+    )
+
+    events = [
+        ToolCallQueued(seq=1, step=1, index=1, call_id="t1s1c1", waiting_for=["t1s1c0"]),
+        ToolCallRunning(seq=2, step=1, index=1, call_id="t1s1c1"),
+        ToolOutputDelta(seq=3, step=1, index=0, call_id="t1s1c0", text="ok\n", cut=True),
+        ApprovalRequested(seq=4, step=1, index=2, call_id="t1s1c2", name="run_command", args={"command": "ls"}),
+        ApprovalResolved(seq=5, step=1, index=2, call_id="t1s1c2", approved=False, reason="no", by="recording"),
+    ]
+    for e in events:
+        assert e.type in KNOWN_TYPES
+        assert event_from_json(event_to_json(e)) == e == event_from_json_or_none(event_to_json(e))
+    assert event_from_json_or_none('{"type": "from_a_newer_server", "seq": 9}') is None
+
+
+def test_a_recording_from_before_the_live_events_still_loads() -> None:
+    from agent.history import history_from_events
+
+    old = [  # as written before tool_output_delta, tool_call_queued and approvals existed
+        '{"type":"user_message","seq":1,"session_id":"s","ts":1.0,"turn":1,"text":"go"}',
+        '{"type":"turn_started","seq":2,"session_id":"s","ts":1.0,"turn":1}',
+        '{"type":"tool_call_started","seq":3,"session_id":"s","ts":1.0,"turn":1,"step":1,"index":0,'
+        '"call_id":"t1s1c0","name":"run_command","args":{"command":"ls"},"valid":true}',
+        '{"type":"tool_result","seq":4,"session_id":"s","ts":1.0,"turn":1,"step":1,"index":0,"call_id":"t1s1c0",'
+        '"name":"run_command","ok":true,"output":"exit code 0\\n","data":{},"duration_ms":3.0}',
+        '{"type":"assistant_message","seq":5,"session_id":"s","ts":1.0,"turn":1,"step":1,"text":"x"}',
+        '{"type":"turn_end","seq":6,"session_id":"s","ts":1.0,"turn":1,"reason":"completed","steps":1,'
+        '"output_tokens":1}',
+    ]
+    h = history_from_events([event_from_json(line) for line in old])
+    assert h.last_seq == 6 and [m.role for m in h.conversation] == ["user", "assistant", "tool"]

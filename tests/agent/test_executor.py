@@ -117,8 +117,9 @@ async def test_cancel_stops_running_tools(tools) -> None:
     assert time.perf_counter() - t0 < 1
     assert tools["r"].cancelled == ["long"]
     settled = ex.settled("cancelled")
-    assert settled[0][1].output == "cancelled" and not settled[0][2]
-    assert settled[1][1].ok and settled[1][2]
+    assert settled[0].result.output.startswith("cancelled (after running 0.") and not settled[0].finished
+    assert settled[0].result.data["cancelled"] and 30 < settled[0].duration_ms < 1000
+    assert settled[1].result.ok and settled[1].finished
 
 
 async def test_a_finished_tool_is_not_reported_as_cancelled(tools) -> None:
@@ -133,9 +134,9 @@ async def test_a_finished_tool_is_not_reported_as_cancelled(tools) -> None:
     ex.submit(call(1, "r", "slow", 5000))
     await asyncio.sleep(0.05)  # call 0 finished and is being reported; call 1 is running
     await ex.cancel()
-    (c0, r0, fin0), (c1, r1, fin1) = ex.settled("cancelled")
+    (c0, r0, fin0, _), (c1, r1, fin1, _) = ex.settled("cancelled")
     assert fin0 and r0.ok and reported == [0]
-    assert not fin1 and r1.output == "cancelled"
+    assert not fin1 and r1.output.startswith("cancelled (after running")
 
 
 async def test_complete_in_thread_finishes_a_write_despite_cancel(tmp_path) -> None:
@@ -153,3 +154,64 @@ async def test_complete_in_thread_finishes_a_write_despite_cancel(tmp_path) -> N
     task.cancel()
     assert await task == "ok"  # the write is reported as done, not cancelled
     assert target.read_text() == "written"
+
+
+class Hooks:
+    """Records what the executor reports, in order; refuses the calls in ``refuse``."""
+
+    def __init__(self, refuse: set[str] = frozenset()) -> None:
+        self.log: list[tuple[str, str]] = []
+        self.refuse = refuse
+
+    async def approve(self, call, resources):
+        self.log.append(("approve", call.call_id))
+        return ToolResult.error("refused") if call.call_id in self.refuse else None
+
+    async def queued(self, call, waiting_for):
+        self.log.append(("queued", f"{call.call_id}<{','.join(waiting_for)}"))
+
+    async def running(self, call):
+        self.log.append(("running", call.call_id))
+
+    def output(self, call, text):
+        self.log.append(("output", call.call_id))
+
+    async def finished(self, call):
+        self.log.append(("finished", call.call_id))
+
+
+async def test_hooks_see_approval_queue_start_and_finish_in_order(tools) -> None:
+    hooks = Hooks(refuse={"c2"})
+    reported: list[str] = []
+
+    async def on_result(outcome) -> None:
+        reported.append(outcome.call.call_id)
+        hooks.log.append(("result", outcome.call.call_id))
+
+    ex = Executor(tools, ToolContext(workspace=None), on_result=on_result, hooks=hooks)
+    ex.submit(call(0, "w", "a", 80))
+    ex.submit(call(1, "r", "a", 1))  # reads what call 0 writes: queued behind it
+    ex.submit(call(2, "w", "a", 1))  # refused: does not wait and never runs
+    ex.submit(CallRejected(3, "c3", "nope", "unknown tool"))  # invalid calls are not hooked
+    outcomes = await ex.results()
+    assert [o.result.output for o in outcomes] == ["w:a", "r:a", "refused", "unknown tool"]
+    per = {cid: [k for k, c in hooks.log if c.split("<")[0] == cid] for cid in ("c0", "c1", "c2", "c3")}
+    assert per["c0"] == ["approve", "running", "finished", "result"]
+    assert per["c1"] == ["approve", "queued", "running", "finished", "result"]
+    assert ("queued", "c1<c0") in hooks.log
+    assert per["c2"] == ["approve", "finished", "result"] and per["c3"] == ["result"]
+    assert hooks.log.index(("running", "c1")) > hooks.log.index(("finished", "c0"))
+    assert [t for t in tools["w"].log if t[1] == "a"] and len(tools["w"].log) == 1  # c2 did not run
+
+
+async def test_a_call_cancelled_while_queued_says_so(tools) -> None:
+    ex = Executor(tools, ToolContext(workspace=None), hooks=Hooks())
+    ex.submit(call(0, "w", "a", 5000))
+    ex.submit(call(1, "r", "a", 1))
+    await asyncio.sleep(0.05)
+    await ex.cancel()
+    first, second = ex.settled("cancelled: stop")
+    assert first.result.output.startswith("cancelled: stop (after running 0.") and "no output so far" in \
+        first.result.output
+    assert second.result.output == "cancelled: stop (it had not started: it was waiting for earlier calls to finish)"
+    assert second.duration_ms == 0 and second.result.data == {"cancelled": True, "waited_for": "queued"}

@@ -100,3 +100,111 @@ async def test_unused_sessions_leave_memory_and_come_back_from_the_log(hub) -> N
     events = await asyncio.to_thread(h.log.all_events, info.id)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert [e.text for e in events if e.type == "assistant_message"] == ["first answer", "second answer"]
+
+
+async def _approve_when_asked(h, info, answers: dict[str, tuple[bool, str]], after: int = 0) -> list:
+    """Watch the session from ``after`` and answer each approval request from ``answers``;
+    the events, to turn_end."""
+    from backend.hub import HubError
+
+    seen = []
+    async for e in _until_end(h.stream(info, after)):
+        seen.append(e)
+        if e.type == "approval_requested":
+            approved, reason = answers[e.call_id]
+            await h.answer_approval(info, e.call_id, approved=approved, reason=reason)
+            with pytest.raises(HubError) as exc:  # once only
+                await h.answer_approval(info, e.call_id, approved=True)
+            assert exc.value.status == 409
+    return seen
+
+
+async def test_approval_mode_is_kept_with_the_session_and_survives_eviction(hub) -> None:
+    from agent.parser import encode_call as call
+
+    h, ws = hub
+    outputs = [call("write_file", {"path": "a.txt", "content": "1\n"}), "turn one done",
+               call("write_file", {"path": "b.txt", "content": "2\n"}), "turn two done"]
+    info = await h.create(owner="a", workspace=ws, title="", source={"kind": "dir"},
+                          policy={"kind": "scripted", "outputs": outputs}, approval_mode="ask-edits")
+    assert info.source == {"kind": "dir", "approval_mode": "ask-edits"}
+    watcher = asyncio.create_task(_approve_when_asked(h, info, {"t1s1c0": (False, "not a.txt")}))
+    await asyncio.sleep(0.05)
+    await h.send(info, "one")
+    first = await asyncio.wait_for(watcher, 20)
+    refused = next(e for e in first if e.type == "tool_result")
+    assert not refused.ok and "The user said: not a.txt" in refused.output and not (ws.root / "a.txt").exists()
+    await asyncio.sleep(0.05)
+    assert info.id not in h.live  # evicted; the mode comes back from the log
+    watcher = asyncio.create_task(_approve_when_asked(h, info, {"t2s1c0": (True, "")}, after=first[-1].seq))
+    await asyncio.sleep(0.05)
+    await h.send(info, "two")
+    second = await asyncio.wait_for(watcher, 20)
+    assert [e.type for e in second if e.type.startswith("approval")][-2:] == ["approval_requested",
+                                                                              "approval_resolved"]
+    assert (ws.root / "b.txt").read_text() == "2\n"
+
+
+async def test_a_branch_reapplies_recorded_answers_and_then_asks(hub) -> None:
+    from agent.parser import encode_call as call
+
+    h, ws = hub
+    outputs = [call("write_file", {"path": "a.txt", "content": "1\n"}) + call("write_file",
+                                                                               {"path": "c.txt", "content": "3\n"}),
+               "done"]
+    info = await h.create(owner="a", workspace=ws, title="", source={},
+                          policy={"kind": "scripted", "outputs": outputs}, approval_mode="ask-edits")
+    watcher = asyncio.create_task(_approve_when_asked(h, info, {"t1s1c0": (False, "no"), "t1s1c1": (True, "")}))
+    await asyncio.sleep(0.05)
+    await h.send(info, "go")
+    await asyncio.wait_for(watcher, 20)
+    branch_policy = {"kind": "scripted", "outputs": [call("write_file", {"path": "d.txt", "content": "4\n"}), "ok"]}
+    new = await asyncio.wait_for(h.branch(info, owner="a", from_step=1, policy=branch_policy), 20)  # never waits
+    live = h.live[new.id]
+    assert live.session.approval_mode == "ask-edits"
+    for _ in range(200):  # the continuation asks about its own call
+        if live.approvals.pending():
+            break
+        await asyncio.sleep(0.02)
+    [pending] = live.approvals.pending()
+    await h.answer_approval(new, pending.call_id, approved=False)
+    await asyncio.wait_for(live.turn_task, 20)
+    events = await asyncio.to_thread(h.log.all_events, new.id)
+    resolved = [(e.call_id, e.approved, e.by) for e in events if e.type == "approval_resolved"]
+    assert resolved == [("t1s1c0", False, "recording"), ("t1s1c1", True, "recording"),
+                        (pending.call_id, False, "user")]
+    results = {e.call_id: e for e in events if e.type == "tool_result"}
+    assert not results["t1s1c0"].ok and results["t1s1c1"].ok
+    branch_ws = live.workspace
+    assert not (branch_ws.root / "a.txt").exists() and (branch_ws.root / "c.txt").exists()
+
+
+async def test_bad_modes_and_answers_are_refused(hub) -> None:
+    from backend.hub import HubError
+
+    h, ws = hub
+    with pytest.raises(HubError) as exc:
+        await h.create(owner="a", workspace=ws, title="", source={}, policy={"kind": "scripted", "outputs": []},
+                       approval_mode="yolo")
+    assert exc.value.status == 400
+    info = await h.create(owner="a", workspace=ws, title="", source={}, policy={"kind": "scripted", "outputs": []})
+    with pytest.raises(HubError) as exc:
+        await h.answer_approval(info, "t1s1c0", approved=True)
+    assert exc.value.status == 409
+    with pytest.raises(HubError) as exc:
+        await h.answer_approval(info, "t1s1c0", approved=True, reason="x" * 2001)
+    assert exc.value.status == 400
+
+
+async def test_an_interrupt_right_after_send_is_not_lost(hub) -> None:
+    """The hub records the status before the session's turn starts; an interrupt in that
+    window must still stop the turn (one waiting for an approval would wait for ever)."""
+    from agent.parser import encode_call as call
+
+    h, ws = hub
+    info = await h.create(owner="a", workspace=ws, title="", source={}, approval_mode="ask-edits",
+                          policy={"kind": "scripted", "outputs": [call("write_file", {"path": "a", "content": ""})]})
+    await h.send(info, "go")
+    assert await asyncio.wait_for(h.interrupt(info), 10)  # at once: the turn has not begun yet
+    events = await asyncio.to_thread(h.log.all_events, info.id)
+    assert events[-1].type == "turn_end" and events[-1].reason == "interrupted"

@@ -8,11 +8,16 @@ import re
 import pytest
 
 from agent.events import (
+    ApprovalRequested,
+    ApprovalResolved,
     AssistantDelta,
     ErrorEvent,
     Event,
     FileEditEvent,
+    ToolCallQueued,
+    ToolCallRunning,
     ToolCallStarted,
+    ToolOutputDelta,
     ToolResultEvent,
     TurnEnd,
     UserMessage,
@@ -39,6 +44,13 @@ def events_carrying(text: str) -> list[Event]:
         ToolCallStarted(step=1, index=0, call_id="c", name=f"tool{text}", args={"path": f"a{text}.py", "n": 1}),
         ToolCallStarted(step=1, index=1, call_id="d", name=f"bad{text}", args={}, valid=False),
         ToolResultEvent(step=1, index=0, call_id="c", name="run_command", ok=False, output=f"out {text}\nline 2"),
+        ToolCallStarted(step=1, index=2, call_id=f"e{text}", name="run_command", args={"command": f"echo {text}"}),
+        ToolCallQueued(step=1, index=2, call_id=f"e{text}", waiting_for=[f"c{text}"]),
+        ApprovalRequested(step=1, index=2, call_id=f"e{text}", name=f"run{text}", args={}),
+        ApprovalResolved(step=1, index=2, call_id=f"e{text}", approved=False, reason=f"no {text}"),
+        ToolCallRunning(step=1, index=2, call_id=f"e{text}"),
+        ToolOutputDelta(step=1, index=2, call_id=f"e{text}", text=f"live {text}\nhalf {text}"),
+        ToolResultEvent(step=1, index=2, call_id=f"e{text}", name="run_command", ok=True, output=f"exit {text}\n"),
         FileEditEvent(call_id="c", path=f"f{text}.py", diff=f"--- a/f\n+++ b/f\n-old {text}\n+new {text}\n"),
         ErrorEvent(message=f"boom {text}"),
         TurnEnd(reason="error", steps=1, output_tokens=1, detail=f"detail {text}"),
@@ -76,3 +88,105 @@ def test_crlf_output_is_not_shown_as_controls() -> None:
     text = render([ToolResultEvent(step=1, index=0, call_id="c", name="run_command", ok=True,
                                    output="one\r\ntwo\r\n")], color=False)
     assert "  │ one\n  │ two\n" in text and "^M" not in text
+
+
+def lines_of(events: list[Event], **kw: object) -> list[str]:
+    out = io.StringIO()
+    t = Transcript(out, color=False, **kw)  # type: ignore[arg-type]
+    for e in events:
+        t(e)
+    return out.getvalue().splitlines()
+
+
+def started(call_id: str, command: str, index: int = 0) -> ToolCallStarted:
+    return ToolCallStarted(step=1, index=index, call_id=call_id, name="run_command", args={"command": command})
+
+
+def test_output_is_shown_as_it_streams_and_not_again_with_the_result() -> None:
+    text = lines_of([
+        started("t1s1c0", "pytest -q"),
+        ToolOutputDelta(step=1, index=0, call_id="t1s1c0", text="collected 3 ite"),
+        ToolOutputDelta(step=1, index=0, call_id="t1s1c0", text="ms\n..."),
+        ToolOutputDelta(step=1, index=0, call_id="t1s1c0", text=".\n3 passed\n"),
+        ToolResultEvent(step=1, index=0, call_id="t1s1c0", name="run_command", ok=True, duration_ms=1234.5,
+                        output="exit code 0\ncollected 3 items\n....\n3 passed\n"),
+    ])
+    assert text == [
+        "▶ run_command · t1s1c0",
+        "  $ pytest -q",
+        "  │ collected 3 items",
+        "  │ ....",
+        "  │ 3 passed",
+        "✓ run_command t1s1c0 · 1234.5 ms",
+        "  │ exit code 0",
+    ]
+
+
+def test_a_long_command_is_shown_in_full_not_summarised() -> None:
+    command = "python3 -m pytest tests/" + " --deselect tests/test_x.py::test_case" * 6
+    script = "cat > f.py <<'EOF'\n" + "".join(f"line{i}\n" for i in range(50)) + "EOF"
+    text = lines_of([started("t1s1c0", command), started("t1s1c1", script, 1),
+                     ToolCallStarted(step=1, index=2, call_id="t1s1c2", name="grep", args={"pattern": "p" * 150})])
+    assert f"  $ {command}" in text and not any("chars)" in line for line in text[:2])
+    assert text[3] == "  $ cat > f.py <<'EOF'" and text[4] == "  > line0"
+    assert "  … 12 more lines of this command (--json shows all of it)" in text
+    assert f"▶ grep pattern='{'p' * 150}' · t1s1c2" in text
+
+
+def test_queued_approval_and_running_states_are_shown() -> None:
+    text = lines_of([
+        started("t1s1c0", "make"),
+        started("t1s1c1", "make test", 1),
+        ToolCallQueued(step=1, index=1, call_id="t1s1c1", waiting_for=["t1s1c0"]),
+        ApprovalRequested(step=1, index=0, call_id="t1s1c0", name="run_command", args={"command": "make"}),
+        ApprovalResolved(step=1, index=0, call_id="t1s1c0", approved=False, reason="not now"),
+        ToolResultEvent(step=1, index=0, call_id="t1s1c0", name="run_command", ok=False,
+                        output="the user declined this command; it did not run."),
+        ToolCallRunning(step=1, index=1, call_id="t1s1c1"),
+    ])
+    assert "⏸ run_command t1s1c1 queued: waiting for t1s1c0" in text
+    assert "? run_command t1s1c0 needs your approval to run this command" in text
+    assert "  declined: not now" in text and "▷ run_command t1s1c1 running" in text
+    assert "✗ run_command t1s1c0 · 0.0 ms" in text
+
+
+def test_a_cancelled_call_shows_how_long_it_ran() -> None:
+    text = lines_of([
+        started("t1s1c0", "sleep 100"),
+        ToolOutputDelta(step=1, index=0, call_id="t1s1c0", text="waiting"),
+        ToolResultEvent(step=1, index=0, call_id="t1s1c0", name="run_command", ok=False, duration_ms=12_345.0,
+                        output="cancelled: the user interrupted the turn (after running 12.3 s). "
+                               "Its output so far:\nwaiting"),
+    ])
+    assert text[-3:] == [
+        "  │ waiting",  # the unfinished last line is shown when the call ends
+        "✗ run_command t1s1c0 · 12.3 s",
+        "  │ cancelled: the user interrupted the turn (after running 12.3 s). Its output so far:",
+    ]
+
+
+def test_interleaved_output_names_its_call_and_live_lines_are_capped() -> None:
+    text = lines_of([
+        started("t1s1c0", "a"), started("t1s1c1", "b", 1),
+        ToolOutputDelta(step=1, index=0, call_id="t1s1c0", text="a1\n"),
+        ToolOutputDelta(step=1, index=1, call_id="t1s1c1", text="b1\nb2\nb3\nb4\n"),
+        ToolOutputDelta(step=1, index=0, call_id="t1s1c0", text="a2\n"),
+        ToolResultEvent(step=1, index=1, call_id="t1s1c1", name="run_command", ok=True,
+                        output="exit code 0\nb1\nb2\nb3\nb4\n"),
+    ], max_live_lines=2)
+    assert text[4:] == [
+        "  │ a1",
+        "  ┄ run_command t1s1c1",
+        "  │ b1",
+        "  │ b2",
+        "  │ … more output (shown: the first 2 lines; the result shows the end)",
+        "  ┄ run_command t1s1c0",
+        "  │ a2",
+        "✓ run_command t1s1c1 · 0.0 ms",
+        "  │ exit code 0",
+        "  │ … its last 4 lines:",
+        "  │ b1",
+        "  │ b2",
+        "  │ b3",
+        "  │ b4",
+    ]

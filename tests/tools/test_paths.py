@@ -128,10 +128,12 @@ def plant_evil_links(root: Path, outside: Path, sysroot: str) -> None:
 
 
 def outside_state(top: Path, ws_root: Path) -> dict[str, str]:
-    """Everything under ``top`` except the workspace tree, with content hashes."""
+    """Everything under ``top`` except the workspace tree (and its overlay's upper and work
+    directories, where the tree's writes land), with content hashes."""
     state: dict[str, str] = {}
+    own = {ws_root, ws_root.parent / "upper", ws_root.parent / "work"}
     for dirpath, dirnames, filenames in os.walk(top):
-        if Path(dirpath) == ws_root:
+        if Path(dirpath) in own:
             dirnames[:] = []
             continue
         for name in dirnames + filenames:

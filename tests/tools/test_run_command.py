@@ -242,3 +242,42 @@ async def test_edits_and_commands_keep_call_order(tmp_path: Path) -> None:
     assert command.result.output.partition("\n")[2] == "edited\n"  # saw the earlier edit
     assert first.finished_at <= command.started_at and command.finished_at <= last.started_at
     assert (ctx.workspace.root / "a.txt").read_text() == "last\n"  # the later edit came after
+
+
+@needs_bwrap
+async def test_output_reaches_the_calls_listener_while_it_runs(sandboxed: ToolContext) -> None:
+    import time
+
+    from tools.progress import listening
+
+    seen: list[tuple[float, str]] = []
+    t0 = time.monotonic()
+    with listening(lambda text: seen.append((time.monotonic() - t0, text))):
+        # "é" written as two separate bytes: the listener still gets one whole character
+        result = await RunCommand().run(
+            {"command": "printf 'start \\303'; sleep 0.1; printf '\\251\\n'; sleep 0.6; echo end"}, sandboxed)
+    assert result.ok and result.output.endswith("start é\nend\n")
+    assert "".join(t for _, t in seen) == "start é\nend\n"
+    assert seen[0][0] < 0.5 and seen[-1][0] >= 0.6  # the first piece came long before the end
+
+
+async def test_without_a_listener_the_sandbox_is_called_as_before(tmp_path: Path) -> None:
+    sandbox = _RecordingSandbox()  # has no on_output parameter
+    result = await RunCommand().run({"command": "true"}, _ctx(tmp_path, sandbox))
+    assert result.ok and sandbox.calls[0][0] == "true"
+
+
+async def test_a_listener_gets_decoded_text_from_the_sandbox(tmp_path: Path) -> None:
+    from tools.progress import listening
+
+    class Streaming(_RecordingSandbox):
+        async def run(self, command: str, cwd: Path, limits: SandboxLimits | None = None, *,
+                      on_output: Any = None) -> CommandResult:
+            for chunk in (b"caf\xc3", b"\xa9 \xff!\n"):  # a split character, then an invalid byte
+                on_output(chunk)
+            return await super().run(command, cwd, limits)
+
+    got: list[str] = []
+    with listening(got.append):
+        await RunCommand().run({"command": "x"}, _ctx(tmp_path, Streaming()))
+    assert got == ["caf", "é \ufffd!\n"]

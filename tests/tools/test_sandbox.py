@@ -421,3 +421,24 @@ def test_make_sandbox_opt_out_gives_unsandboxed_runner() -> None:
 @needs_bwrap
 def test_make_sandbox_prefers_bubblewrap() -> None:
     assert isinstance(make_sandbox(), BubblewrapSandbox)
+
+
+@needs_bwrap
+async def test_on_output_gets_every_byte_as_it_comes(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    seen: list[tuple[float, bytes]] = []
+    t0 = time.monotonic()
+    limits = SandboxLimits(output_bytes=1024)
+    r = await sandbox.run("echo first; sleep 0.5; head -c 200000 /dev/zero | tr '\\0' x", ws, limits,
+                          on_output=lambda b: seen.append((time.monotonic() - t0, b)))
+    assert r.exit_code == 0 and r.truncated and r.output_bytes_total == 200006
+    assert b"".join(b for _, b in seen) == b"first\n" + b"x" * 200000  # all of it, past the kept cap
+    assert seen[0][1].startswith(b"first") and seen[0][0] < 0.45  # before the command went on
+
+
+@needs_bwrap
+async def test_a_failing_output_listener_does_not_stop_the_command(sandbox: BubblewrapSandbox, ws: Path) -> None:
+    def broken(_: bytes) -> None:
+        raise RuntimeError("display broke")
+
+    r = await sandbox.run("echo a; echo b", ws, on_output=broken)
+    assert r.exit_code == 0 and r.output == "a\nb\n"
