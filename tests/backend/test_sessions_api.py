@@ -198,3 +198,15 @@ def test_restart_closes_inflight_turn_and_resumes(api: Api) -> None:
         events = wait_turn_end(api, s["id"], turns=2)
         assert events[-1]["reason"] == "completed"
         assert [e["text"] for e in events if e["type"] == "assistant_message"][-1] == "resumed fine"
+
+
+def test_create_takes_an_approval_mode_and_refuses_an_unknown_one(api: Api) -> None:
+    body = {"workspace": {"path": str(api.src)}, "policy": {"kind": "scripted", "outputs": ["Hi."]}}
+    r = api.client.post("/v1/sessions", json={**body, "approval_mode": "ask-commands"}, headers=api.h("alice"))
+    assert r.status_code in (200, 201), r.text
+    from backend.hub import approval_mode_of
+
+    log = api.client.app.state.flywheel.log
+    assert approval_mode_of(log.get_session(r.json()["id"])) == "ask-commands"
+    bad = api.client.post("/v1/sessions", json={**body, "approval_mode": "sometimes"}, headers=api.h("alice"))
+    assert bad.status_code == 422 and "approval_mode" in bad.text

@@ -61,6 +61,9 @@ class CreateSession(BaseModel):
     workspace: WorkspaceSource
     policy: dict[str, Any] = Field(..., description=POLICY_DOC)
     title: str = Field("", max_length=200)
+    approval_mode: Literal["auto", "ask-commands", "ask-edits"] = Field(
+        "auto", description="auto: tools run without asking; ask-commands / ask-edits: the server sends an "
+                            "approval request over the WebSocket before each command / edit")
 
     _policy = field_validator("policy")(check_policy_fields)
 
@@ -96,7 +99,8 @@ async def create_session(body: CreateSession, state: StateDep, user: CurrentUser
             source = {"kind": "git", "path": str(origin), "commit": src.commit}
     except (WorkspaceError, OSError) as exc:
         raise InvalidRequest(f"could not create the workspace: {exc}") from None
-    info = await state.hub.create(owner=user.name, workspace=workspace, policy=policy, title=body.title, source=source)
+    info = await state.hub.create(owner=user.name, workspace=workspace, policy=policy, title=body.title, source=source,
+                                   approval_mode=body.approval_mode)
     return Session.model_validate(info.public())
 
 
