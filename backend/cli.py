@@ -563,7 +563,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                   f"{token_file.read_text().strip()} --workspace {demo} --policy demo\n"
                   f"  then type: {script['request']}", flush=True)
     print(f"database: {settings.database_url.split('@')[-1]}", flush=True)
+    from backend.api.ws import MAX_MESSAGE_BYTES
+
     config = uvicorn.Config(with_change_routes(create_app(settings)), log_level=args.log_level,
+                            ws_max_size=MAX_MESSAGE_BYTES,  # uvicorn refuses bigger WebSocket messages before reading them
                             ws="websockets-sansio")
     server = uvicorn.Server(config)
     try:

@@ -220,7 +220,10 @@ async def reexecute(session_id: str, events: list[Event], parts: SessionParts) -
     """Re-run the recorded model outputs of ``events`` on ``parts`` (a fresh copy of
     the starting workspace) and compare every tool result with the recording."""
     sink = ListSink()
-    session = build_session(parts, policy=ScriptedPolicy([]), sink=sink)  # each turn brings its own policy
+    from agent.approval import recorded_decisions
+
+    # each turn brings its own policy; recorded approval answers are re-applied (a refused call stays refused)
+    session = build_session(parts, policy=ScriptedPolicy([]), sink=sink, recorded_approvals=recorded_decisions(events))
     await run_recording(recorded_turns(events), session)
     return compare(session_id, events, sink.events)
 
