@@ -113,7 +113,7 @@ def measure_scale(tmp: Path, files: int, bytes_per_file: int, *, opens: int, for
     open_ms: list[float] = []
     stored_ms: list[float] = []
     for i in range(opens):
-        store = WorkspaceStore(tmp / f"store-{files}-{i}")
+        store = WorkspaceStore(tmp / f"store-{files}-{i}", overlay=None)
         start = time.perf_counter()
         ws = store.from_dir(tree, in_place=True)
         open_ms.append((time.perf_counter() - start) * 1000)
@@ -151,7 +151,7 @@ def measure_scale(tmp: Path, files: int, bytes_per_file: int, *, opens: int, for
     out["copy_store_fork_ms"] = round(timed(pws.fork)[0])
     if unignored:  # the same tree with nothing ignored: every file hashed and stored
         os.rename(tree / ".gitignore", tmp / "gitignore.aside")
-        store = WorkspaceStore(tmp / f"store-all-{files}")
+        store = WorkspaceStore(tmp / f"store-all-{files}", overlay=None)
         start = time.perf_counter()
         aws = store.from_dir(tree, in_place=True)
         out["open_nothing_ignored_ms"] = round((time.perf_counter() - start) * 1000)

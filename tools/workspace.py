@@ -86,13 +86,17 @@ class WorkspaceStore:
     """Where workspaces, layers, blobs and snapshot manifests live (one directory).
 
     ``max_file_bytes`` is the largest file a snapshot (so a workspace) may
-    hold. ``overlay``: None uses overlays where they work here, False never
-    (plain copies), True requires them (:class:`WorkspaceError` if they do not
-    work). ``progress``: show a bar on stderr for copies that take time.
+    hold. ``overlay``: False (the default) never mounts (plain copies); None
+    uses overlays where they work here; True requires them
+    (:class:`WorkspaceError` if they do not work). Overlays are opt-in for now:
+    a process killed while it holds mounts leaves them to an asynchronous
+    reaper, and a caller that removes the store's directory right away (a
+    temporary directory, a test) then fails with EBUSY. ``progress``: show a
+    bar on stderr for copies that take time.
     """
 
     def __init__(self, root: Path, *, max_file_bytes: int = MAX_SNAPSHOT_FILE_BYTES,
-                 overlay: bool | None = None, progress: bool = True) -> None:
+                 overlay: bool | None = False, progress: bool = True) -> None:
         self.max_file_bytes = max_file_bytes
         self.progress = progress
         self.root = Path(root)
@@ -270,8 +274,9 @@ class WorkspaceStore:
             elif origin is not None:
                 method = self.trees.copy(Path(origin), tree, what=f"copying {origin}")
                 layout = Layout(Layering(method), origin=origin, note=self._overlay_reason or "")
-            else:
+            else:  # no overlay, no origin: the snapshot's paths, written out
                 tree.mkdir()
+                restore_tree(tree, snapshot, self.blobs)
                 layout = Layout(Layering.COPY, note=self._overlay_reason or "")
         except BaseException:
             if lid is not None:

@@ -98,7 +98,7 @@ def blob_count(store: WorkspaceStore) -> int:
 @pytest.mark.parametrize("in_place", [False, True])
 def test_ignored_trees_are_not_snapshotted_but_stay_usable(tmp_path: Path, project: Path,
                                                            in_place: bool) -> None:
-    store = WorkspaceStore(tmp_path / "store", max_file_bytes=1 << 30)
+    store = WorkspaceStore(tmp_path / "store", max_file_bytes=1 << 30, overlay=None)
     ws = store.from_dir(project, in_place=in_place)
     assert not any(p.startswith(".venv") or p.endswith(".pyc") for p in ws.base.manifest)
     assert ".gitignore" in ws.base.manifest and "src/main.py" in ws.base.manifest
@@ -122,7 +122,7 @@ def test_ignored_trees_are_not_snapshotted_but_stay_usable(tmp_path: Path, proje
 
 def test_a_snapshot_of_an_in_place_workspace_brings_its_ignored_files_back(tmp_path: Path,
                                                                           project: Path) -> None:
-    store = WorkspaceStore(tmp_path / "store")
+    store = WorkspaceStore(tmp_path / "store", overlay=None)
     ws = store.from_dir(project, in_place=True)
     assert ws.base.origin == str(project)
     ws.write_bytes("src/extra.py", b"y = 2\n")
@@ -154,7 +154,7 @@ def test_tracked_files_of_a_git_source_are_shown_even_when_ignored(tmp_path: Pat
     (repo / "a.py").write_text("a\n")
     _git(repo, "add", "-f", ".gitignore", "a.py", "build/tracked.sh", "notes.log")
     _git(repo, "commit", "-qm", "x")
-    ws = WorkspaceStore(tmp_path / "store").from_dir(repo, in_place=True)
+    ws = WorkspaceStore(tmp_path / "store", overlay=None).from_dir(repo, in_place=True)
     files = {p for p, e in ws.base.manifest.items() if e.kind == "file" and not p.startswith(".git/")}
     assert files == {".gitignore", "a.py", "build/tracked.sh", "notes.log"}
     (ws.root / "build" / "tracked.sh").write_text("#!/bin/sh\necho changed\n")
@@ -172,7 +172,7 @@ def test_from_git_keeps_every_archived_file(tmp_path: Path) -> None:
     (repo / "forced.gen").write_text("committed anyway\n")
     _git(repo, "add", "-f", ".gitignore", "forced.gen")
     _git(repo, "commit", "-qm", "x")
-    store = WorkspaceStore(tmp_path / "store")
+    store = WorkspaceStore(tmp_path / "store", overlay=None)
     ws = store.from_git(repo, "HEAD")
     assert "forced.gen" in ws.base.manifest
     rebased = store.from_snapshot(ws.snapshot())  # what RL tasks with patches do
@@ -206,7 +206,7 @@ def test_venv_of_an_in_place_workspace_works_in_the_sandbox(tmp_path: Path, proj
     subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     site = next(venv.glob("lib/python3*/site-packages"))
     (site / "fwdemo.py").write_text("ANSWER = 42\n")
-    ws = WorkspaceStore(tmp_path / "store").from_dir(project, in_place=True)
+    ws = WorkspaceStore(tmp_path / "store", overlay=None).from_dir(project, in_place=True)
     try:
         assert not any(p.startswith(".venv") for p in ws.base.manifest)
         result = asyncio.run(BubblewrapSandbox().run(
@@ -223,7 +223,7 @@ def test_venv_of_an_in_place_workspace_works_in_the_sandbox(tmp_path: Path, proj
 
 def test_in_place_blobs_are_stored_in_the_background_and_reads_wait_for_them(tmp_path: Path,
                                                                              project: Path) -> None:
-    store = WorkspaceStore(tmp_path / "store")
+    store = WorkspaceStore(tmp_path / "store", overlay=None)
     ws = store.from_dir(project, in_place=True)
     sha = ws.base.manifest["src/main.py"].sha256
     assert sha is not None

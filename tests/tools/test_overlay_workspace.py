@@ -221,7 +221,7 @@ def test_no_mounts_left_after_the_process_ends(cow_store: WorkspaceStore, src_tr
         assert str(store_root) not in f.read()
     # and the workspace is still there: a later process mounts it again
     (ws_dir,) = [p for p in (store_root / "ws").iterdir() if (p / "upper" / "x.txt").exists()]
-    again = WorkspaceStore(store_root).open(ws_dir.name)
+    again = WorkspaceStore(store_root, overlay=None).open(ws_dir.name)
     assert again.read_bytes("x.txt") == b"x"
     again.delete()
 
