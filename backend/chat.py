@@ -317,15 +317,19 @@ class ChatClient:
         elif isinstance(data, dict):
             self._on_event(data)
 
-    async def _rest(self, method: str, path: str, **kwargs: Any) -> Any:
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One HTTP request; an unreachable server is a :class:`ChatError`."""
         if "json" in kwargs:  # ASCII JSON: a lone surrogate in --policy travels as its \u escape, not a crash
             kwargs["content"] = json.dumps(kwargs.pop("json"))
             kwargs["headers"] = {"Content-Type": "application/json"}
         try:
-            r = await self._http.request(method, path, **kwargs)
+            return await self._http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ChatError(f"cannot reach the Flywheel server at {self.cfg.server}: "
                             f"{exc or type(exc).__name__}") from None
+
+    async def _rest(self, method: str, path: str, **kwargs: Any) -> Any:
+        r = await self._request(method, path, **kwargs)
         if r.status_code < 400:
             return r.json()
         try:
@@ -560,14 +564,7 @@ class ChatClient:
 
     async def _try(self, method: str, path: str, **kwargs: Any) -> tuple[int, Any]:
         """Like :meth:`_rest`, but a refusal is returned as ``(status, detail)`` instead of raised."""
-        if "json" in kwargs:
-            kwargs["content"] = json.dumps(kwargs.pop("json"))
-            kwargs["headers"] = {"Content-Type": "application/json"}
-        try:
-            r = await self._http.request(method, path, **kwargs)
-        except httpx.TransportError as exc:
-            raise ChatError(f"cannot reach the Flywheel server at {self.cfg.server}: "
-                            f"{exc or type(exc).__name__}") from None
+        r = await self._request(method, path, **kwargs)
         try:
             body = r.json()
         except ValueError:
