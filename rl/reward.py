@@ -16,14 +16,17 @@
   never the cheaper way to fail).
 * ``limit`` = ``-LIMIT`` when the turn ended on a limit (model calls, tokens,
   wall time): running out is worse than finishing.
-* ``idle`` = ``-IDLE`` (= ``LIMIT``) when the rollout changed nothing and ended
-  the turn itself, before any limit. Why: without it, giving up at once
-  (0) scored above trying until a limit (``-LIMIT``), and the first
-  experiment's seed 0 learned exactly that when no attempt in its groups
-  succeeded (docs/rl/README.md). With it, ending without touching anything
-  is never the cheaper way to fail; a failed attempt that did change files
-  and ended in time scores 0, the best failure (a change is the only way a
-  task is ever solved, so it is what an all-failing group should move towards).
+* ``idle`` = ``-IDLE`` when the rollout changed nothing and ended the turn
+  itself, before any limit. Why: without it, giving up at once (0) scored
+  above trying until a limit (``-LIMIT``), and the first experiment's seed 0
+  learned exactly that when no attempt in its groups succeeded
+  (docs/rl/README.md). ``IDLE`` is a little more than ``LIMIT``, so giving up
+  is strictly the worst well-formed way to fail (an attempt that explored
+  until a limit can still teach the group something; and the two differ, so
+  an all-failing group still has a direction), yet less than
+  ``MALFORMED_FIRST``, so a broken call stays worse than giving up. A failed
+  attempt that did change files and ended in time scores 0, the best failure
+  (a change is the only way a task is ever solved).
 * ``effort`` (successes only) = ``-EFFORT_PER_CALL`` per model call beyond the
   first, at most ``EFFORT_CAP``: among solutions, faster ones (fewer model
   calls: the "feels fast" objective) score higher. Only on successes, so a
@@ -37,7 +40,7 @@ Properties (tested in ``tests/rl/test_reward.py``):
    every rollout without one; for any outcome, one more malformed call never
    raises the reward;
 3. a rollout that changed nothing gets no success term and scores below 0;
-4. giving up (no change, the turn ended before a limit) never scores above
+4. giving up (no change, the turn ended before a limit) scores below
    running out on a limit with the same number of malformed calls.
 
 Grades: a ``GradeResult`` with ``error`` is an infrastructure error and is not
@@ -65,12 +68,12 @@ MALFORMED_FIRST = 0.15
 MALFORMED_EACH = 0.05
 MALFORMED_CAP = 0.3
 LIMIT = 0.1
-IDLE = LIMIT
+IDLE = 0.12
 EFFORT_PER_CALL = 0.01
 EFFORT_CAP = 0.2
 LIMIT_REASONS = frozenset({"max_steps", "max_tokens", "timeout"})
 
-assert MALFORMED_FIRST > max(LIMIT, IDLE) and IDLE >= LIMIT and 1 - MALFORMED_CAP - LIMIT - EFFORT_CAP > 0
+assert MALFORMED_FIRST > IDLE > LIMIT and 1 - MALFORMED_CAP - LIMIT - EFFORT_CAP > 0
 
 
 class UngradedError(ValueError):

@@ -37,14 +37,14 @@ def test_one_more_malformed_call_never_helps() -> None:
 def test_ending_without_touching_anything_is_never_rewarded() -> None:
     assert max(_r(*g) for g in GRID if not g[1]) < 0.0
     value, terms = reward([AssistantMessage(step=1, text="done")], GradeResult(True, "", 0.1))
-    assert terms["success"] == 0.0 and terms["idle"] == -0.1 and value == pytest.approx(-0.1)
+    assert terms["success"] == 0.0 and terms["idle"] == -0.12 and value == pytest.approx(-0.12)
 
 
 def test_giving_up_never_beats_running_out() -> None:
     # the hack the first experiment found: with nothing succeeding, end the turn at once
     for p, c, m, _, calls in GRID:
         if not (p and c):
-            assert _r(p, False, m, False, 1) <= _r(p, c, m, True, calls), (p, c, m, calls)
+            assert _r(p, False, m, False, 1) < _r(p, c, m, True, calls), (p, c, m, calls)
 
 
 def test_from_events() -> None:
