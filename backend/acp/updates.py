@@ -88,6 +88,7 @@ class _Call:
     output: str = ""
     diffs: list[Any] = field(default_factory=list)
     result: str | None = None
+    status: Any = "in_progress"
 
 
 def tool_kind(tool: Tool | None, args: Mapping[str, Any]) -> ToolKind:
@@ -220,9 +221,10 @@ class UpdateMapper:
         if call is None:  # a result for a call we never saw (a page boundary): show it anyway
             call = self.calls[e.call_id] = _Call(e.name, {}, "other")
         call.result = e.output[-MAX_SHOWN_OUTPUT:]
+        call.status = "completed" if e.ok else "failed"
         line = e.data.get("line") if isinstance(e.data.get("line"), int) else None
         return [update_tool_call(
-            e.call_id, status="completed" if e.ok else "failed", content=self._content(call),
+            e.call_id, status=call.status, content=self._content(call),
             locations=self.locations(call.name, call.args, line) if line is not None else None,
             raw_output={"ok": e.ok, "output": call.result, "data": e.data},
         )]
@@ -237,7 +239,7 @@ class UpdateMapper:
         if e.created and texts is None:
             old = None  # type: ignore[assignment]
         call.diffs.append(tool_diff_content(path, "" if e.deleted else new, old))
-        return [update_tool_call(e.call_id, content=self._content(call))]
+        return [update_tool_call(e.call_id, status=call.status, content=self._content(call))]
 
     @staticmethod
     def _content(call: _Call) -> list[Any]:
