@@ -82,11 +82,12 @@ async def run(turns: int, steps: int, tmp: Path) -> dict[str, Any]:
     project.mkdir()
     for i in range(turns * steps * EDITS_PER_STEP):
         (project / f"f{i}.py").write_text("x = 0\n")
-    policy = json.dumps({"kind": "scripted", "outputs": outputs(turns, steps), "chunk_chars": 24, "delay_s": 0})
+    script = tmp / "script.json"  # scripted:FILE streams in 24-character chunks, no delay
+    script.write_text(json.dumps({"outputs": outputs(turns, steps)}))
     env = dict(os.environ, PYTHONPATH=str(ROOT), FLYWHEEL_SEMANTIC_SEARCH="0")
     editor = Editor()
     data = tmp / "data"
-    cmd = [sys.executable, "-m", "backend.cli", "acp", "--data-dir", str(data), "--policy", policy]
+    cmd = [sys.executable, "-m", "backend.cli", "acp", "--data-dir", str(data), "--policy", f"scripted:{script}"]
     async with spawn_agent_process(editor, cmd[0], *cmd[1:], env=env) as (conn, _proc):
         fs = FileSystemCapabilities(read_text_file=True, write_text_file=True)
         await conn.initialize(protocol_version=1, client_capabilities=ClientCapabilities(fs=fs))
