@@ -72,19 +72,19 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def _add_end_choice(p: argparse.ArgumentParser, original: str) -> None:
     """``--apply``/``--yes``, ``--export-patch``, ``--discard`` and ``--approval-mode`` (run and chat)."""
     end = p.add_mutually_exclusive_group()
-    end.add_argument("--apply", "--yes", "-y", dest="apply", action="store_true",
+    end.add_argument("--apply", action="store_true",
                      help=f"at the end, apply the session's changes to {original} without asking; "
                      "if a file they touch changed there since the session started, apply nothing and exit 1")
     end.add_argument("--export-patch", type=Path, metavar="FILE",
                      help="at the end, write the changes as a patch for `git apply` instead of asking")
     end.add_argument("--discard", action="store_true", help="at the end, discard the changes without asking")
     p.add_argument("--approval-mode", choices=["ask-commands", "ask-edits", "auto"],
-                   help="ask before commands, before edits (and commands), or never (default: `approval_mode` "
-                   "in the config file, else auto)")
-
-
-def _end_choice(args: argparse.Namespace) -> str:
-    return "apply" if args.apply else "export" if args.export_patch else "discard" if args.discard else "ask"
+                   help="ask before every command; before every edit and every command (a command can "
+                   "rewrite files too); or never (default: `approval_mode` in the config file, else auto). "
+                   "Asking needs a terminal, or --yes")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="answer yes to every question: approve each call the approval mode asks about, and "
+                   "at the end apply the changes as --apply does (unless --export-patch or --discard is given)")
 
 
 def _ask(prompt: str) -> str | None:
@@ -350,6 +350,7 @@ async def _run(args: argparse.Namespace) -> int:
     from agent.policies import make_policy
     from agent.runtime import SessionParts, build_session
     from agent.session import Limits
+    from backend.terminal_input import YES, StdinLines, TerminalApprover, check_can_ask
     from backend.transcript import Transcript
     from tools.sandbox import SandboxUnavailable, make_sandbox
     from tools.workspace import WorkspaceError, WorkspaceStore
@@ -361,9 +362,12 @@ async def _run(args: argparse.Namespace) -> int:
         client = load_settings(ClientSettings, approval_mode=args.approval_mode)  # the config file's defaults
     except SettingsError as exc:
         raise CliError(str(exc)) from None
-    # Stored for the session's approvals (ask-commands | ask-edits | auto); this driver
-    # does not ask yet, so every mode behaves as auto here.
-    args.approval_mode = client.approval_mode
+    # The session's approval mode (ask-commands | ask-edits | auto): asked on this terminal
+    # (backend.terminal_input), or approved by --yes; with nobody to ask, refuse before anything runs.
+    why = check_can_ask(client.approval_mode, interactive=sys.stdin is not None and sys.stdin.isatty(),
+                        yes=args.yes, command="flywheel run")
+    if why is not None:
+        raise CliError(why)
     demo = args.workspace is None and args.git is None
     request = args.request
     policy_spec = args.policy
@@ -414,16 +418,27 @@ async def _run(args: argparse.Namespace) -> int:
         index = WorkspaceIndex(workspace.root, data_dir=local.search_index_dir)
         stats = await asyncio.to_thread(index.refresh, progress=sys.stderr.isatty())
         print(f"indexed {stats.files} files, {stats.chunks} chunks ({stats.embedded} embedded now)", file=sys.stderr)
+    loop = asyncio.get_running_loop()
+    lines = approver = None
+    if client.approval_mode != "auto":
+        if args.yes:
+            approver = YES
+        else:
+            lines = StdinLines(loop)
+            lines.start()
+            approver = TerminalApprover(lines.queue.get, sys.stderr if args.json else out)
     session = build_session(
         SessionParts(workspace=workspace, sandbox=sandbox, search_index=index), policy=policy,
         limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout), sink=CallbackSink(sink_fn),
+        approval_mode=client.approval_mode, approver=approver,
     )
-    loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, session.interrupt)
     try:
         outcome = await session.run_turn(request)
     finally:
+        if lines is not None:
+            lines.stop()  # the review below reads its answer with input()
         await policy.aclose()
         if index is not None:
             index.close()
@@ -453,7 +468,7 @@ async def _run(args: argparse.Namespace) -> int:
 def _review(args: argparse.Namespace, workspace: Workspace, original: Path | None) -> int:
     """The end of ``flywheel run``: apply the changes to ``original``, export them, or discard them."""
     from backend.apply_back import ApplyError, ChangeSet
-    from backend.review import finish
+    from backend.review import end_choice, finish
 
     say = sys.stderr if args.json else sys.stdout
     try:
@@ -464,7 +479,7 @@ def _review(args: argparse.Namespace, workspace: Workspace, original: Path | Non
     interactive = not args.json and sys.stdin.isatty() and sys.stdout.isatty()
     again = "run again with --apply, or with --export-patch FILE to get a patch"
     outcome = finish(
-        changes, Path(os.path.realpath(original)) if original is not None else None, choice=_end_choice(args),
+        changes, Path(os.path.realpath(original)) if original is not None else None, choice=end_choice(args),
         say=say, patch_file=args.export_patch, ask=_ask if interactive else None, retry_hint=again,
         no_target="the demo works on Flywheel's bundled example, so its changes are not applied anywhere; "
         "use --workspace DIR for your own project",

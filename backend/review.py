@@ -3,7 +3,7 @@
 :func:`finish` takes the session's :class:`~backend.apply_back.ChangeSet` and what
 the user chose on the command line:
 
-* ``apply`` (``--apply`` / ``--yes``): apply to the original directory without
+* ``apply`` (``--apply``, or ``--yes`` without another choice): apply to the original directory without
   asking; on a conflict nothing is written, the patch is saved to a temporary
   file (so the work is not lost) and the status is 1;
 * ``export`` (``--export-patch FILE``): write the patch;
@@ -38,6 +38,16 @@ class Outcome:
     status: int
     applied: ApplyResult | None = None
     patch_file: Path | None = None
+
+
+def end_choice(args: object) -> Choice:
+    """The choice the command line made (``--export-patch``, ``--discard``, ``--apply`` or
+    ``--yes``; none of them: ask), for ``flywheel run`` and ``flywheel chat``."""
+    if getattr(args, "export_patch", None):
+        return "export"
+    if getattr(args, "discard", False):
+        return "discard"
+    return "apply" if getattr(args, "apply", False) or getattr(args, "yes", False) else "ask"
 
 
 def write_patch(changes: ChangeSet, path: Path, *, exclusive: bool = False) -> None:
