@@ -20,6 +20,7 @@ from backend.db.engine import make_engine, migrate
 from backend.db.log import EventWriter, SessionLog
 from backend.hub import Hub, HubError
 from backend.policies import PolicyConfigError, PolicyFactory
+from backend.run_log import run_in_progress
 from backend.settings import Settings
 from tools.sandbox import SandboxUnavailable, make_sandbox
 from tools.workspace import WorkspaceError, WorkspaceStore
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,
                                    openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
             client_queue_events=settings.client_queue_events, indexes=indexes,
+            running_elsewhere=lambda sid: run_in_progress(settings.data_dir, sid),
         )
         recovered = await hub.recover()
         if recovered:

@@ -740,7 +740,9 @@ def review(client: ChatClient, *, ask: Any = None) -> int:
     sid = client.session_id
     return finish(changes, target, choice=cfg.end_choice, say=say, patch_file=cfg.export_patch, ask=ask,
                   no_target=why, expected=client.applied,
-                  retry_hint=f"attach again to apply them: flywheel chat --session {sid} --apply < /dev/null").status
+                  retry_hint=f"attach again to apply them: flywheel chat --session {sid} --apply < /dev/null",
+                  discarded=f"nothing was written to your directory, but session {sid} keeps them in its workspace on "
+                  f"the server (`flywheel chat --session {sid} --apply` applies them later)").status
 
 
 def _ask(prompt: str) -> str | None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -166,6 +166,7 @@ class Hub:
         self, *, log_: SessionLog, writer: EventWriter, store: WorkspaceStore, sandbox: Sandbox | None,
         policies: PolicyFactory, client_queue_events: int = 2048, limits: Limits = Limits(),
         indexes: IndexPool | None = None, max_sockets_per_token: int = 32, send_stall_s: float = 10.0,
+        running_elsewhere: Callable[[str], bool] | None = None,
     ):
         self.log = log_
         self.writer = writer
@@ -179,6 +180,8 @@ class Hub:
         self._loading: dict[str, asyncio.Lock] = {}
         self.sockets = SocketLimit(max_sockets_per_token)
         self.send_stall_s = send_stall_s
+        # A session another process is recording right now (a `flywheel run`): not left open by a crash.
+        self.running_elsewhere = running_elsewhere
 
     def live_parts(self, workspace: Workspace) -> SessionParts:
         """Parts for a live session: the server's sandbox and the workspace's pooled
@@ -215,10 +218,13 @@ class Hub:
         output of the step that was streaming, a cancelled result for every
         call that was running, and a ``turn_end`` (``shutdown``) with the true
         step count — so the conversation the model sees next includes every
-        call whose effect may be in the workspace. Returns how many sessions
-        were marked idle again.
+        call whose effect may be in the workspace. Sessions ``running_elsewhere``
+        (a ``flywheel run`` recording now) are left alone. Returns how many
+        sessions were marked idle again.
         """
         stale = await asyncio.to_thread(self.log.sessions_with_status, "running")
+        if self.running_elsewhere is not None:
+            stale = [info for info in stale if not self.running_elsewhere(info.id)]
         for info in stale:
             events = await asyncio.to_thread(self.log.all_events, info.id)
             for event in closing_events(events, detail="the server stopped during this turn (closed at restart)"):

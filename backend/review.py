@@ -59,14 +59,17 @@ def write_patch(changes: ChangeSet, path: Path, *, exclusive: bool = False) -> N
 def finish(
     changes: ChangeSet, target: Path | None, *, choice: Choice, say: TextIO, patch_file: Path | None = None,
     ask: Callable[[str], str | None] | None = None, no_target: str = "", retry_hint: str = "",
-    expected: Mapping[str, FileState | None] | None = None,
+    expected: Mapping[str, FileState | None] | None = None, discarded: str = "",
 ) -> Outcome:
     """Carry out ``choice`` for ``changes``; messages (and prompts) go to ``say``.
 
     ``target``: the original directory, or None when there is none (``no_target`` says
     why). ``ask``: reads one answer (None at end of input); None means not interactive.
-    ``retry_hint``: how to apply later (e.g. ``run again with --apply``).
+    ``retry_hint``: how to apply later (e.g. ``run again with --apply``). ``discarded``:
+    what discarding leaves behind, said with it (a chat's session keeps its changes on
+    the server).
     """
+    gone = f"; {discarded}" if discarded else ""
     def line(text: str) -> None:
         say.write(inert(text) + "\n")
         say.flush()
@@ -76,7 +79,7 @@ def finish(
             line(f"no changes to apply ({len(changes.skipped)} change(s) inside .git are never applied)")
         return Outcome(0)
     if choice == "discard":
-        line(f"discarded the session's changes ({changes.summary()})")
+        line(f"discarded the session's changes ({changes.summary()}){gone}")
         return Outcome(0)
     if choice == "export":
         assert patch_file is not None
@@ -110,7 +113,7 @@ def finish(
                 continue
             return _export(changes, path, target, line, exclusive=True)
         if pick == "d":
-            line("discarded the session's changes")
+            line(f"discarded the session's changes{gone}")
             return Outcome(0)
         line("answer a, e or d")
 

@@ -216,7 +216,13 @@ def session_changes(settings: Settings, log: SessionLog, info: SessionInfo) -> C
     from backend.apply_back import ChangeSet
     from tools.workspace import WorkspaceError, WorkspaceStore
 
-    root = settings.data_dir / "workspaces"
+    kept = info.source.get("workspace_store")  # a `flywheel run --data-dir` kept its copy there
+    root = Path(kept) if isinstance(kept, str) else settings.data_dir / "workspaces"
+    if not info.workspace_id:
+        what = ("`flywheel run` worked on a temporary copy (its changes were shown when it ended; "
+                "run with --data-dir DIR to keep one)") if info.source.get("driver") == "flywheel run" else \
+            "keeps no workspace"
+        raise SessionsError(f"session {info.id[:12]} has no workspace to diff: {what}")
     if not (root / "ws" / info.workspace_id).is_dir():
         raise SessionsError(f"the workspace of session {info.id[:12]} is gone (it was deleted, or the server "
                             f"keeps it under another --data-dir than {settings.data_dir})")

@@ -65,6 +65,7 @@ from tools.overlay import OverlayError, is_mountpoint, overlay_unavailable
 from tools.delayed_progress import DelayedProgress
 from tools.snapshots import (
     MAX_SNAPSHOT_FILE_BYTES,
+    EntryKind,
     Snapshot,
     SnapshotError,
     build_manifest,
@@ -75,11 +76,19 @@ from tools.workspace_layout import MAX_LAYERS, Layering, Layout, TreeMaker, Work
 from tools.workspace_tree import DirEntryInfo, Workspace
 
 __all__ = [
-    "MAX_LAYERS", "ChangeEntry", "ChangeKind", "DirEntryInfo", "Layering", "Layout", "Snapshot", "Workspace",
-    "WorkspaceError", "WorkspaceStore", "unified_diff",
+    "MAX_LAYERS", "ChangeEntry", "ChangeKind", "DirEntryInfo", "Layering", "Layout", "MissingBlob", "Snapshot",
+    "Workspace", "WorkspaceError", "WorkspaceStore", "unified_diff",
 ]
 _ID_RE = re.compile(r"[0-9a-f]{16}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
+
+
+class MissingBlob(SnapshotError):
+    """A snapshot's file whose bytes are in neither store (:meth:`WorkspaceStore.import_snapshot`)."""
+
+    def __init__(self, path: str, sha256: str):
+        super().__init__(f"the bytes of {path!r} (blob {sha256}) are in neither store")
+        self.path, self.sha256 = path, sha256
 
 
 class WorkspaceStore:
@@ -347,6 +356,22 @@ class WorkspaceStore:
             tmp = dest.with_name(f".tmp-{secrets.token_hex(8)}")
             tmp.write_bytes(snapshot.to_json())
             os.replace(tmp, dest)
+
+    def import_snapshot(self, snapshot: Snapshot, source: BlobStore | None) -> None:
+        """Make ``snapshot`` restorable from this store: copy the bytes of each file this
+        store lacks from ``source`` (another store's blobs; streamed and hash-checked),
+        then save the manifest. A file in neither raises :class:`MissingBlob`."""
+        for path, entry in snapshot.manifest.items():
+            if entry.kind is not EntryKind.FILE or entry.sha256 is None or self.blobs.has(entry.sha256):
+                continue
+            if source is None or not source.has(entry.sha256):
+                raise MissingBlob(path, entry.sha256)
+            fd = os.open(source.path(entry.sha256), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self.blobs.put_fd(fd, entry.size, entry.sha256, path)
+            finally:
+                os.close(fd)
+        self.save_snapshot(snapshot)
 
     def load_snapshot(self, snapshot_id: str) -> Snapshot:
         if not _HEX64_RE.fullmatch(snapshot_id):

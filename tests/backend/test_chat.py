@@ -373,6 +373,18 @@ def test_end_of_chat_without_a_flag_off_a_terminal_only_says_how(apply_server: S
     assert (project / "a.txt").read_text() == "new\n"
 
 
+def test_discard_says_the_server_keeps_the_changes_and_it_does(apply_server: ServerProcess, project: Path) -> None:
+    r = chat(apply_server, "--workspace", str(project), "--policy", scripted([EDIT, "done"]), "--discard",
+             lines="go\n")
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.split()[1]
+    assert ("discarded the session's changes (1 file(s): 1 modified); nothing was written to your directory, but session "
+            f"{sid} keeps them in its workspace on the server") in r.stdout
+    assert (project / "a.txt").read_text() == "old\n"
+    later = chat(apply_server, "--session", sid, "--apply")
+    assert later.returncode == 0 and (project / "a.txt").read_text() == "new\n", later.stdout + later.stderr
+
+
 def test_end_of_chat_refuses_when_the_directory_changed(apply_server: ServerProcess, project: Path) -> None:
     with subprocess.Popen(chat_cmd(apply_server, "--json", "--workspace", str(project), "--policy",
                                    scripted([EDIT, "done"]), "--yes"),
