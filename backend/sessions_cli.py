@@ -81,16 +81,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
+    from backend.cli_checks import guarded
+
+    def errors() -> tuple[type[BaseException], ...]:
         from backend.apply_back import ApplyError
         from backend.local_log import LogNotFound
 
-        try:
-            return int(fn(args) or 0)
-        except (SessionsError, LogNotFound, ApplyError) as exc:
-            print(inert(f"flywheel sessions {args.sessions_command}: {exc}"), file=sys.stderr)
-            return 1
-    return run
+        return SessionsError, LogNotFound, ApplyError
+
+    return guarded("sessions", fn, errors)
 
 
 def _open(args: argparse.Namespace) -> tuple[Settings, SessionLog]:
