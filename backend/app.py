@@ -40,7 +40,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await asyncio.to_thread(migrate, engine)
         session_log = SessionLog(engine)
         settings.check_secure(token_count=await asyncio.to_thread(session_log.token_count))
-        store = WorkspaceStore(settings.data_dir / "workspaces")
+        store = WorkspaceStore(settings.data_dir / "workspaces",
+                               overlay=None if settings.workspace_overlay == "auto" else False)
+        # Mounts a killed server left (before its reaper got to them): this server owns the data
+        # directory now (flywheel serve holds its lock), so they are stale. Workspaces mount again on use.
+        stale = await asyncio.to_thread(store.unmount_all)
+        if stale:
+            log.warning("unmounted %d workspace(s) a previous server left mounted", len(stale))
         sandbox = None
         if settings.sandbox:
             try:

@@ -241,6 +241,9 @@ class Hub:
             self._release_index(live.session)
         if self.indexes is not None:
             self.indexes.close()
+        # Synchronously, not left to the exit hook or the reaper: whoever removes or reuses the
+        # data directory next finds nothing mounted (workspaces mount again when next opened).
+        await asyncio.to_thread(self.store.unmount_all)
 
     # -- sessions --------------------------------------------------------------
 

@@ -75,6 +75,7 @@ def test_index_dir_setting_and_the_cli_default_agree(tmp_path: Path, monkeypatch
     with make_api(f"sqlite:///{tmp_path / 'fw.db'}", tmp_path) as api:  # Settings reads FLYWHEEL_INDEX_DIR too
         assert api.client.app.state.flywheel.hub.indexes.data_dir == tmp_path / "shared-index"  # type: ignore[attr-defined]
     monkeypatch.delenv("FLYWHEEL_INDEX_DIR")
+    monkeypatch.delenv("FLYWHEEL_DATA_DIR", raising=False)  # tests/conftest.py sets one for the suite
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     assert default_data_dir() == tmp_path / "xdg" / "flywheel" / "index"
 
