@@ -21,6 +21,7 @@ from backend.db.engine import make_engine, migrate
 from backend.db.log import EventWriter, SessionInfo, SessionLog
 from backend.hub import Hub, HubError
 from backend.policies import PolicyConfigError, PolicyFactory
+from backend.run_log import run_in_progress
 from backend.settings import Settings
 from tools.sandbox import SandboxUnavailable, make_sandbox
 from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
@@ -43,8 +44,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await asyncio.to_thread(migrate, engine)
         session_log = SessionLog(engine)
         settings.check_secure(token_count=await asyncio.to_thread(session_log.token_count))
-        store = WorkspaceStore(settings.data_dir / "workspaces")
-        hub = make_hub(settings, session_log, store)
+        store = WorkspaceStore(settings.data_dir / "workspaces",
+                               overlay=None if settings.workspace_overlay == "auto" else False)
+        # Mounts a killed server left (before its reaper got to them): this server owns the data
+        # directory now (flywheel serve holds its lock), so they are stale. Workspaces mount again on use.
+        stale = await asyncio.to_thread(store.unmount_all)
+        if stale:
+            log.warning("unmounted %d workspace(s) a previous server left mounted", len(stale))
+        hub = make_hub(settings, session_log, store,
+                       running_elsewhere=lambda sid: run_in_progress(settings.data_dir, sid))
         recovered = await hub.recover()
         if recovered:
             log.warning("closed %d turn(s) left open by the last shutdown", recovered)
@@ -77,7 +85,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def make_hub(settings: Settings, session_log: SessionLog, store: WorkspaceStore, *,
-             workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None) -> Hub:
+             workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None,
+             running_elsewhere: Callable[[str], bool] | None = None) -> Hub:
     """The hub over ``session_log`` and ``store`` as the settings configure it: the sandbox
     (none, with a warning, where it cannot run and the settings do not allow running
     unsandboxed), the event writer (close it with ``hub.writer.close()``), the search
@@ -99,6 +108,7 @@ def make_hub(settings: Settings, session_log: SessionLog, store: WorkspaceStore,
         policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,
                                openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
         client_queue_events=settings.client_queue_events, indexes=indexes, workspace_view=workspace_view,
+        running_elsewhere=running_elsewhere,
     )
 
 

@@ -174,6 +174,7 @@ class Hub:
         policies: PolicyFactory, client_queue_events: int = 2048, limits: Limits = Limits(),
         indexes: IndexPool | None = None, max_sockets_per_token: int = 32, send_stall_s: float = 10.0,
         workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None,
+        running_elsewhere: Callable[[str], bool] | None = None,
     ):
         self.log = log_
         self.writer = writer
@@ -190,6 +191,8 @@ class Hub:
         # What a live session's tools act on, given its workspace: the workspace itself
         # (None), or a view of it (``flywheel acp`` ties file tools to the editor's buffers).
         self.workspace_view = workspace_view
+        # A session another process is recording right now (a `flywheel run`): not left open by a crash.
+        self.running_elsewhere = running_elsewhere
 
     def live_parts(self, workspace: WorkspaceLike) -> SessionParts:
         """Parts for a live session: the server's sandbox and the workspace's pooled
@@ -226,10 +229,13 @@ class Hub:
         output of the step that was streaming, a cancelled result for every
         call that was running, and a ``turn_end`` (``shutdown``) with the true
         step count — so the conversation the model sees next includes every
-        call whose effect may be in the workspace. Returns how many sessions
-        were marked idle again.
+        call whose effect may be in the workspace. Sessions ``running_elsewhere``
+        (a ``flywheel run`` recording now) are left alone. Returns how many
+        sessions were marked idle again.
         """
         stale = await asyncio.to_thread(self.log.sessions_with_status, "running")
+        if self.running_elsewhere is not None:
+            stale = [info for info in stale if not self.running_elsewhere(info.id)]
         for info in stale:
             events = await asyncio.to_thread(self.log.all_events, info.id)
             for event in closing_events(events, detail="the server stopped during this turn (closed at restart)"):
@@ -246,6 +252,9 @@ class Hub:
             self._release_index(live.session)
         if self.indexes is not None:
             self.indexes.close()
+        # Synchronously, not left to the exit hook or the reaper: whoever removes or reuses the
+        # data directory next finds nothing mounted (workspaces mount again when next opened).
+        await asyncio.to_thread(self.store.unmount_all)
 
     # -- sessions --------------------------------------------------------------
 
@@ -280,17 +289,30 @@ class Hub:
                 return live
             events = await asyncio.to_thread(self.log.all_events, info.id)
             h = history_from_events(events)
+            consumed = len(h.outputs) - self._unscripted_outputs(info, events)
             workspace = await self._open_workspace(info)
             approvals = PendingApprovals()
             view = self.workspace_view(info, workspace) if self.workspace_view is not None else workspace
             session = build_session(
-                self.live_parts(view), policy=policy or self.policies.build(info.policy, consumed=len(h.outputs)),
+                self.live_parts(view), policy=policy or self.policies.build(info.policy, consumed=consumed),
                 limits=self.limits, sink=_PersistThenBroadcast(self, info.id), session_id=info.id, history=h,
                 approval_mode=approval_mode_of(info), approver=approvals,
             )
             live = LiveSession(info, session, workspace, approvals)
             self.live[info.id] = live
             return live
+
+    @staticmethod
+    def _unscripted_outputs(info: SessionInfo, events: list[Event]) -> int:
+        """Model outputs in a session's log that its own (scripted) policy did not produce:
+        a branch's re-executed steps, unless its script begins with them (the branch then
+        continued the script, :func:`backend.replay.branch_consumed`). The branch's log
+        begins with the same outputs as its parent's, so its own log answers."""
+        if not info.branch_step:
+            return 0
+        from backend.replay import branch_consumed, recorded_turns
+
+        return info.branch_step - branch_consumed(info.policy, recorded_turns(events), info.branch_step)
 
     async def _open_workspace(self, info: SessionInfo) -> Workspace:
         try:
@@ -322,8 +344,17 @@ class Hub:
 
         The re-executed steps get the answers recorded for their calls (a refused
         call is refused again); the branch then asks per ``approval_mode``
-        (default: the parent's)."""
-        from backend.replay import recorded_turns, run_recording, truncate_at_step
+        (default: the parent's).
+
+        How it continues (:func:`backend.replay.plan_branch`): from a turn boundary
+        (step 0 included) the next recorded turn starts over with its user message and
+        ``policy``; from inside a turn, that turn runs again as one turn — its user
+        message, its recorded steps, then ``policy``; from the recording's end only if
+        the model owes an answer to tool results. ``auto_continue=False``: the branch
+        stops at ``from_step`` and waits for a message. A scripted ``policy`` that begins
+        with the recording's outputs (the demo's own script) continues the script after
+        them (:func:`backend.replay.branch_consumed`) instead of restarting it."""
+        from backend.replay import branch_consumed, plan_branch, recorded_turns, run_recording
 
         events = await asyncio.to_thread(self.log.all_events, info.id)
         turns = recorded_turns(events)
@@ -338,20 +369,28 @@ class Hub:
             approval_mode=approval_mode if approval_mode is not None else approval_mode_of(info),
         )
         # The branch's own policy and limits are the session's defaults; the recorded
-        # steps run with per-turn scripted policies (run_recording), then it continues.
+        # turns run with per-turn scripted policies (run_recording), then the continuation
+        # (plan_branch): the cut turn's user message, its recorded steps, the new policy.
+        plan = plan_branch(turns, from_step, auto_continue=auto_continue)
         approvals = PendingApprovals()
         session = build_session(
-            self.replay_parts(workspace), policy=self.policies.build(policy), limits=self.limits,
-            sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
+            self.replay_parts(workspace),
+            policy=self.policies.build(policy, consumed=branch_consumed(policy, turns, from_step)),
+            limits=self.limits, sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
             approval_mode=approval_mode_of(new), approver=approvals,
             recorded_approvals=recorded_decisions(events, model_calls=from_step, unasked=True),
         )
-        await run_recording(truncate_at_step(turns, from_step), session)
+        await run_recording(plan.recorded, session)
         live = LiveSession(new, session, workspace, approvals)
         self.live[new.id] = live
-        if auto_continue and session.conversation and session.conversation[-1].role == "tool":
+        go_on = plan.continuation
+        if go_on is not None and go_on.only_if_tool_results:
+            owes_answer = bool(session.conversation) and session.conversation[-1].role == "tool"
+            go_on = go_on if owes_answer else None
+        if go_on is not None:
             live.turn_ended = False
-            live.turn_task = asyncio.create_task(self._turn(live, None), name=f"hub-turn:{new.id}")
+            live.turn_task = asyncio.create_task(
+                self._turn(live, go_on.user_text, policy=go_on.policy(session.policy)), name=f"hub-turn:{new.id}")
         return new
 
     async def send(self, info: SessionInfo, text: str) -> None:
@@ -370,10 +409,12 @@ class Hub:
         live.turn_ended = False
         live.turn_task = asyncio.create_task(self._turn(live, text), name=f"hub-turn:{info.id}")
 
-    async def _turn(self, live: LiveSession, text: str | None) -> None:
+    async def _turn(self, live: LiveSession, text: str | None, *, policy: Policy | None = None) -> None:
+        """Run one turn (``policy``: this turn's only, e.g. a branch's recorded steps then
+        its own policy; None: the session's) and record the session's status around it."""
         try:
             await asyncio.to_thread(self.log.set_status, live.info.id, "running")
-            await live.session.run_turn(text)
+            await live.session.run_turn(text, policy=policy)
         except Exception:
             log.exception("session %s: turn failed", live.info.id)
         finally:

@@ -50,18 +50,6 @@ def recorded_turns(events: list[Event]) -> list[RecordedTurn]:
     return [turns[t] for t in sorted(turns)]
 
 
-def truncate_at_step(turns: list[RecordedTurn], step: int) -> list[RecordedTurn]:
-    """The first ``step`` model outputs (counted across turns), as turns."""
-    out: list[RecordedTurn] = []
-    left = step
-    for t in turns:
-        if left <= 0:
-            break
-        out.append(RecordedTurn(t.user_text, t.outputs[:left]))
-        left -= len(t.outputs)
-    return out
-
-
 class RecordedThen:
     """A turn's policy for a branch cut inside a turn: the recorded outputs first (one per
     model call, as :class:`ScriptedPolicy` streams them), then ``then`` — so the recorded

@@ -181,6 +181,10 @@ class Settings(LocalSettings):
         "chat", description="'completions' sends the runtime's own rendered prompt (use with `flywheel policy serve`)"
     )
     sandbox: bool = Field(True, description="run commands under bubblewrap; False refuses run_command")
+    workspace_overlay: Literal["auto", "off"] = Field(
+        "auto", description="auto: session workspaces are copy-on-write overlays where they work here (forks, "
+        "branches and checkpoints cost milliseconds; unmounted at shutdown, stale mounts cleaned at start); "
+        "off: plain copies (FLYWHEEL_WORKSPACE_OVERLAY=off)")
     semantic_search: bool = Field(
         True, description="give sessions the semantic_search tool; each workspace is indexed in the background "
         "(embeddings cached in data_dir/index, shared by all workspaces)")
