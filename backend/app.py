@@ -17,7 +17,8 @@ from backend.api import ws
 from backend.api.deps import AppState
 from backend.api.routes import changes, health, replay, sessions
 from backend.db.engine import make_engine, migrate
-from backend.db.log import EventWriter, SessionLog
+from backend.db.log import SessionLog
+from backend.db.writer import EventWriter
 from backend.hub import Hub, HubError
 from backend.policies import PolicyConfigError, PolicyFactory
 from backend.settings import Settings
@@ -58,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,
                                    openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
             client_queue_events=settings.client_queue_events, indexes=indexes,
+            max_sockets_per_token=settings.max_sockets_per_token,
         )
         recovered = await hub.recover()
         if recovered:

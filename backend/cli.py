@@ -567,7 +567,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     config = uvicorn.Config(with_change_routes(create_app(settings)), log_level=args.log_level,
                             ws_max_size=MAX_MESSAGE_BYTES,  # uvicorn refuses bigger WebSocket messages before reading them
-                            ws="websockets-sansio")
+                            ws="websockets-sansio",
+                            ws_per_message_deflate=False)  # events are small: compressing each cost more CPU than it saved
     server = uvicorn.Server(config)
     try:
         server.run(sockets=[sock])

@@ -31,6 +31,7 @@ given while no live session holds the request are refused (409), not queued.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -44,7 +45,8 @@ from agent.history import closing_events, history_from_events
 from agent.policy import Policy
 from agent.runtime import LazySearchIndex, SessionParts, build_session
 from agent.session import Limits, Session
-from backend.db.log import EventWriter, SessionInfo, SessionLog
+from backend.db.log import SessionInfo, SessionLog, StoredEvent
+from backend.db.writer import EventWriter
 from backend.policies import PolicyFactory
 from tools.sandbox import Sandbox
 from tools.snapshots import SnapshotError
@@ -66,10 +68,10 @@ class HubError(Exception):
 
 class Subscriber:
     def __init__(self, maxsize: int):
-        self.queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize)
+        self.queue: asyncio.Queue[StoredEvent | None] = asyncio.Queue(maxsize)
         self.dropped = False
 
-    def offer(self, event: Event) -> None:
+    def offer(self, event: StoredEvent) -> None:
         if self.dropped:
             return
         try:
@@ -151,7 +153,8 @@ class _PersistThenBroadcast:
 
     async def emit(self, event: Event) -> None:
         # Durable before anyone sees it; clients get what was stored (an error
-        # event in place of one the log could not store, same seq).
+        # event in place of one the log could not store, same seq), encoded
+        # once: every subscriber is offered the same StoredEvent (one JSON line).
         stored = await self.hub.writer.append(event)
         live = self.hub.live.get(self.session_id)
         if live is not None and isinstance(event, TurnEnd):
@@ -409,16 +412,22 @@ class Hub:
     # -- streaming -------------------------------------------------------------
 
     async def stream(self, info: SessionInfo, after: int) -> AsyncIterator[Event]:
-        """Every event with ``seq > after``: the backlog from the log, then live
-        ones, without gaps or duplicates. Ends when the subscriber is dropped
-        (raises :class:`SlowClient`) or the hub shuts down."""
+        """:meth:`stream_stored`, as events."""
+        async with contextlib.aclosing(self.stream_stored(info, after)) as stored:
+            async for s in stored:
+                yield s.event
+
+    async def stream_stored(self, info: SessionInfo, after: int) -> AsyncIterator[StoredEvent]:
+        """Every event with ``seq > after`` as the log stores it (its JSON line): the
+        backlog from the log, then live ones, without gaps or duplicates. Ends when
+        the subscriber is dropped (raises :class:`SlowClient`) or the hub shuts down."""
         live = await self.get_live(info)
         sub = Subscriber(self.client_queue_events)
         live.subscribers.add(sub)
         try:
             last = after
             while True:  # backlog, in pages
-                page = await asyncio.to_thread(self.log.events, info.id, after=last, limit=1000)
+                page = await asyncio.to_thread(self.log.events_stored, info.id, after=last, limit=1000)
                 for e in page:
                     yield e
                     last = e.seq
@@ -437,7 +446,6 @@ class Hub:
         finally:
             live.subscribers.discard(sub)
             await self._evict_if_unused(live)
-
 
     @staticmethod
     def _release_index(session: Session) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from agent.events import AssistantDelta, ErrorEvent, event_to_json
 from backend.db.engine import make_engine, migrate
-from backend.db.log import EventWriter, SessionLog
+from backend.db.log import SessionLog
+from backend.db.writer import EventWriter
 from backend.hub import Hub, _PersistThenBroadcast
 from backend.policies import PolicyFactory
 from tools.workspace import WorkspaceStore
