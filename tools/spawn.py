@@ -9,6 +9,13 @@ here -- the largest single cost of a ``grep`` call under load.
 ``posix_spawn``: 0.3 ms) on any loop and then reads its pipes and notices its
 exit through the loop (a pidfd, :class:`tools.supervisor.ExitWatch`).
 
+The pipes are read with ``loop.add_reader`` and ``os.read`` on descriptors
+this module owns and closes once -- not ``loop.connect_read_pipe``: uvloop's
+pipe transport closes the descriptor twice (libuv, then the file object; seen
+with strace), and in a threaded server the second ``close`` can hit a
+descriptor another thread has just been given (SQLite answered "disk I/O
+error").
+
 Not guaranteed: the ``Popen`` call itself still runs on the loop's thread
 (briefly, with the GIL held, until the child has exec'd); the child is not
 killed when the :class:`PipedProcess` is garbage collected -- callers kill and
@@ -22,19 +29,55 @@ import contextlib
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
+from typing import IO
 
 from tools.supervisor import ExitWatch
+
+_CHUNK = 1 << 16
+
+
+class _PipeReader:
+    """Feeds one non-blocking pipe into a :class:`asyncio.StreamReader` from the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, pipe: IO[bytes]) -> None:
+        self.loop, self.pipe = loop, pipe
+        self.fd = pipe.fileno()
+        self.stream = asyncio.StreamReader(loop=loop)
+        os.set_blocking(self.fd, False)
+        loop.add_reader(self.fd, self._readable)
+        self._watching = True
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.fd, _CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            self.stream.feed_data(data)
+        else:
+            self._unwatch()
+            self.stream.feed_eof()
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            self.loop.remove_reader(self.fd)
+
+    def close(self) -> None:
+        self._unwatch()
+        self.pipe.close()
 
 
 class PipedProcess:
     """A running child: ``stdout``/``stderr`` as stream readers, :meth:`wait`, :meth:`kill`."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], stdout: asyncio.StreamReader, stderr: asyncio.StreamReader,
-                 transports: list[asyncio.BaseTransport], exit_watch: ExitWatch) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], pipes: list[_PipeReader], exit_watch: ExitWatch) -> None:
         self._proc = proc
-        self.stdout = stdout
-        self.stderr = stderr
-        self._transports = transports
+        self._pipes = pipes
+        self.stdout = pipes[0].stream
+        self.stderr = pipes[1].stream
         self._exit = exit_watch
 
     @property
@@ -59,8 +102,8 @@ class PipedProcess:
 
     def close(self) -> None:
         """Close the pipes and the exit watch (after :meth:`wait`, or after :meth:`kill`)."""
-        for t in self._transports:
-            t.close()
+        for p in self._pipes:
+            p.close()
         self._exit.close()
 
 
@@ -71,20 +114,5 @@ async def spawn_piped(argv: Sequence[str], *, cwd: str | os.PathLike[str], env: 
     loop = asyncio.get_running_loop()
     proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, close_fds=True)
-    transports: list[asyncio.BaseTransport] = []
-    exit_watch = ExitWatch(loop, proc)
-    try:
-        readers = []
-        for pipe in (proc.stdout, proc.stderr):
-            reader = asyncio.StreamReader(loop=loop)
-            transport, _ = await loop.connect_read_pipe(lambda r=reader: asyncio.StreamReaderProtocol(r), pipe)
-            transports.append(transport)
-            readers.append(reader)
-    except BaseException:
-        for t in transports:
-            t.close()
-        proc.kill()
-        proc.wait()
-        exit_watch.close()
-        raise
-    return PipedProcess(proc, readers[0], readers[1], transports, exit_watch)
+    assert proc.stdout is not None and proc.stderr is not None
+    return PipedProcess(proc, [_PipeReader(loop, proc.stdout), _PipeReader(loop, proc.stderr)], ExitWatch(loop, proc))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -15,6 +17,7 @@ import uvloop
 
 from tools.spawn import spawn_piped
 
+ROOT = Path(__file__).resolve().parents[2]
 FORKS = {"n": 0}
 os.register_at_fork(after_in_parent=lambda: FORKS.__setitem__("n", FORKS["n"] + 1))  # a real fork() runs this
 
@@ -77,3 +80,27 @@ def test_uvloop_spawns_without_forking_the_process(tmp_path: Path) -> None:
     ours, uvloops = uvloop.run(spawn_both())
     assert ours == 0
     assert uvloops == 1  # the control: the hook does see a fork
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (apt-get install strace)")
+def test_each_pipe_descriptor_is_closed_once_on_uvloop(tmp_path: Path) -> None:
+    # uvloop's connect_read_pipe closes a pipe's descriptor twice; in a threaded server the second
+    # close can land on a descriptor another thread was just given. strace sees every close(2).
+    script = tmp_path / "spawn5.py"
+    script.write_text(
+        "import asyncio, os, uvloop\n"
+        "from tools.spawn import spawn_piped\n"
+        "async def main():\n"
+        "    for _ in range(5):\n"
+        "        p = await spawn_piped(['true'], cwd='/', env=os.environ)\n"
+        "        await asyncio.gather(p.stdout.read(), p.stderr.read())\n"
+        "        await p.wait()\n"
+        "        p.close()\n"
+        "uvloop.run(main())\n"
+    )
+    trace = tmp_path / "trace"
+    subprocess.run(["strace", "-f", "-qq", "-e", "trace=close", "-o", str(trace), sys.executable, str(script)],
+                   check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    closes = trace.read_text().splitlines()
+    assert sum("close(" in line for line in closes) > 20  # the trace did record the closes
+    assert [line for line in closes if "EBADF" in line] == []
