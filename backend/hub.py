@@ -362,14 +362,18 @@ class Hub:
         live.turn_task = asyncio.create_task(self._turn(live, text), name=f"hub-turn:{info.id}")
 
     async def _turn(self, live: LiveSession, text: str | None) -> None:
+        # The status follows the turn's own events: turn_started commits "running" and
+        # turn_end "idle" in their transactions (SessionLog.append_stored), so no other
+        # write competes with the event writer for the database during a turn.
+        failed = False
         try:
-            await asyncio.to_thread(self.log.set_status, live.info.id, "running")
             await live.session.run_turn(text)
         except Exception:
+            failed = True  # e.g. the log failed: its turn_end may not be stored
             log.exception("session %s: turn failed", live.info.id)
         finally:
-            status = "cancelled" if live.cancelled else "idle"
-            await asyncio.to_thread(self.log.set_status, live.info.id, status)
+            if live.cancelled or failed:
+                await asyncio.to_thread(self.log.set_status, live.info.id, "cancelled" if live.cancelled else "idle")
             await self._evict_if_unused(live, finishing=True)
 
     async def _evict_if_unused(self, live: LiveSession, *, finishing: bool = False) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, func, insert, select, update
+from sqlalchemy import Engine, String, bindparam, case, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
@@ -49,11 +49,16 @@ _EVENTS = EventRow.__table__
 _SESSIONS = SessionRow.__table__
 _INSERT_EVENT = insert(_EVENTS)
 # One row per session of a batch (executemany); bind names differ from the column names.
+# ``new_status`` NULL keeps the status; a cancelled session stays cancelled.
 _ADVANCE_SESSION = (
     update(_SESSIONS).where(_SESSIONS.c.id == bindparam("sid"))
     .values(last_seq=bindparam("upto"), turns=bindparam("turn_no"),
-            output_tokens=_SESSIONS.c.output_tokens + bindparam("tokens"), updated_at=bindparam("at"))
+            output_tokens=_SESSIONS.c.output_tokens + bindparam("tokens"), updated_at=bindparam("at"),
+            status=case((_SESSIONS.c.status == "cancelled", _SESSIONS.c.status),
+                        else_=func.coalesce(bindparam("new_status", type_=String), _SESSIONS.c.status)))
 )
+TURN_STATUS = {"user_message": "running", "turn_started": "running", "turn_end": "idle"}
+"""The session status an event sets, committed with it (a cancelled session stays cancelled)."""
 
 
 def now() -> datetime:
@@ -237,7 +242,10 @@ class SessionLog:
         (the returned list holds the stand-in in its place); the others are
         unaffected. A row the database refuses raises (``IntegrityError`` ...)
         and nothing is committed: :class:`backend.db.writer.EventStore` isolates
-        such rows.
+        such rows. Each session's row advances in the same transaction: last
+        ``seq``, turns, output tokens, and the status of :data:`TURN_STATUS`
+        (a turn's first event sets running, ``turn_end`` idle; a cancelled
+        session stays cancelled).
         """
         return [s.event for s in self.append_stored(events)]
 
@@ -247,19 +255,22 @@ class SessionLog:
             return []
         stored = [_serialised(e) for e in events]
         rows = []
-        latest: dict[str, tuple[int, int, int]] = {}
+        latest: dict[str, tuple[int, int, int, str | None]] = {}
         for s in stored:
             e = s.event
             rows.append({"session_id": e.session_id, "seq": e.seq, "type": e.type, "turn": e.turn, "ts": e.ts,
                          "body": s.json})
-            seq, turn, tokens = latest.get(e.session_id, (0, 0, 0))
+            seq, turn, tokens, status = latest.get(e.session_id, (0, 0, 0, None))
             tokens += getattr(e, "output_tokens", 0) if e.type == "assistant_message" else 0
-            latest[e.session_id] = (max(seq, e.seq), max(turn, e.turn), tokens)
+            if e.seq >= seq:
+                status = TURN_STATUS.get(e.type, status)
+            latest[e.session_id] = (max(seq, e.seq), max(turn, e.turn), tokens, status)
         at = now()
         with self.engine.begin() as conn:
             conn.execute(_INSERT_EVENT, rows)
-            conn.execute(_ADVANCE_SESSION, [{"sid": sid, "upto": seq, "turn_no": turn, "tokens": tokens, "at": at}
-                                            for sid, (seq, turn, tokens) in latest.items()])
+            conn.execute(_ADVANCE_SESSION, [
+                {"sid": sid, "upto": seq, "turn_no": turn, "tokens": tokens, "at": at, "new_status": status}
+                for sid, (seq, turn, tokens, status) in latest.items()])
         return stored
 
     def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:

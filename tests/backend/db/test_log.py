@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from sqlalchemy import Engine
 
-from agent.events import AssistantDelta, AssistantMessage, ErrorEvent, Event, event_to_json
+from agent.events import AssistantDelta, AssistantMessage, ErrorEvent, Event, TurnEnd, TurnStarted, UserMessage, \
+    event_to_json
 from backend.db.log import SessionLog, stand_in
 
 N = 300
@@ -77,3 +78,20 @@ def test_append_stored_gives_the_line_the_log_holds_and_advances_each_session(en
     assert [s.json for s in back[:2]] == [stored[0].json, stored[2].json]
     assert back[0]._event is None and back[0].event == batch[0]
     assert [s.seq for s in log.events_stored(a, after=1, limit=1)] == [2]
+
+
+def test_a_turn_sets_the_status_in_the_commits_of_its_first_and_last_events(engine: Engine) -> None:
+    log = SessionLog(engine)
+    sid = _make_session(log)
+    log.append([UserMessage(seq=1, session_id=sid, turn=1, text="go")])
+    assert log.get_session(sid).status == "running"  # committed with the turn's first event
+    log.append([AssistantDelta(seq=2, session_id=sid, turn=1, step=1, text="x")])
+    assert log.get_session(sid).status == "running"
+    log.append([TurnEnd(seq=3, session_id=sid, turn=1, reason="completed", steps=1, output_tokens=1),
+                UserMessage(seq=4, session_id=sid, turn=2, text="again")])
+    assert log.get_session(sid).status == "running"  # the later event of the batch wins
+    log.append([TurnEnd(seq=5, session_id=sid, turn=2, reason="completed", steps=1, output_tokens=1)])
+    assert log.get_session(sid).status == "idle"
+    log.set_status(sid, "cancelled")
+    log.append([TurnStarted(seq=6, session_id=sid, turn=3)])
+    assert log.get_session(sid).status == "cancelled"  # events never undo a cancel
