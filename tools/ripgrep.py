@@ -78,12 +78,23 @@ def scrub(text: str, root: str | os.PathLike[str]) -> str:
     return text
 
 
+_FOUND: dict[str, str] = {}  # PATH -> where rg was found on it
+
+
 def rg_binary() -> str:
-    """Path of the ``rg`` executable; a ToolError saying how to install it if missing."""
-    path = shutil.which("rg")
+    """Path of the ``rg`` executable; a ToolError saying how to install it if missing.
+
+    Remembered per ``PATH`` once found (the search stats every ``PATH`` entry, and
+    a server runs ripgrep for every ``grep``); a miss is never remembered."""
+    key = os.environ.get("PATH", "")
+    path = _FOUND.get(key) or shutil.which("rg")
     if path is None:
-        raise ToolError("ripgrep (rg) is not installed: apt-get install ripgrep")
+        raise ToolError(_RG_MISSING)
+    _FOUND[key] = path
     return path
+
+
+_RG_MISSING = "ripgrep (rg) is not installed: apt-get install ripgrep"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +131,14 @@ async def _run_rg(
     args: list[str], cwd: str | os.PathLike[str], on_line: Callable[[bytes], None], timeout: float
 ) -> RgExit:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIPGREP_")}
-    proc = await spawn_piped([rg_binary(), *BASE_FLAGS, *args], cwd=os.fspath(cwd), env=env)
+    binary = rg_binary()
+    try:
+        proc = await spawn_piped([binary, *BASE_FLAGS, *args], cwd=os.fspath(cwd), env=env)
+    except FileNotFoundError:
+        if not os.path.exists(binary):  # removed since it was found
+            _FOUND.clear()
+            raise ToolError(_RG_MISSING) from None
+        raise
     with contextlib.suppress(OSError):  # it may already have exited
         resource.prlimit(proc.pid, resource.RLIMIT_AS, (RG_MEMORY_BYTES, RG_MEMORY_BYTES))
     stdout, stderr = proc.stdout, proc.stderr

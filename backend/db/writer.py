@@ -27,8 +27,9 @@ Two kinds of append failure are kept apart:
   stream has a gap there.
 
 Not guaranteed: a waiter whose event loop has closed is not told (its result
-is dropped); the batch size (at most ``max_batch``) and so the commit
-boundaries depend on timing.
+is dropped), nor is one that appended after :meth:`EventWriter.close`; the
+batch size (about ``max_batch``: one loop iteration's appends are never split)
+and so the commit boundaries depend on timing.
 """
 
 from __future__ import annotations
@@ -157,7 +158,9 @@ class EventWriter(EventStore):
 
     ``await writer.append(event)`` returns the :class:`StoredEvent` once it is
     committed: ``event`` itself and its JSON line, or its stand-in if ``event``
-    was bad. The waiters of a batch are woken with one callback per event loop.
+    was bad. The events one event loop appends during one of its iterations
+    reach the thread as one item (one cross-thread wake-up, not one per
+    event), and the waiters of a batch are woken with one callback per loop.
 
     Raises :class:`LogUnavailable` (database failure, after retries) or
     :class:`EventRejected` (this event and its stand-in both refused).
@@ -167,15 +170,24 @@ class EventWriter(EventStore):
         super().__init__(log)
         self.max_batch = max_batch
         self.batches = 0
-        self._q: queue.SimpleQueue[_Waiter | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[list[_Waiter] | None] = queue.SimpleQueue()
+        self._pending: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}  # this iteration's appends, per loop
         self._thread = threading.Thread(target=self._loop, name="flywheel-event-writer", daemon=True)
         self._thread.start()
 
     async def append(self, event: Event) -> StoredEvent:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[StoredEvent] = loop.create_future()
-        self._q.put((event, fut, loop))
+        pending = self._pending.get(loop)
+        if pending is None:
+            pending = self._pending[loop] = []
+            loop.call_soon(self._hand_over, loop)
+        pending.append((event, fut, loop))
         return await fut
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Give the writer thread what ``loop`` appended since the last hand-over, in order."""
+        self._q.put(self._pending.pop(loop))
 
     def close(self) -> None:
         self._q.put(None)
@@ -186,9 +198,9 @@ class EventWriter(EventStore):
             item = self._q.get()
             if item is None:
                 return
-            batch = [item]
+            batch = list(item)
             stop = False
-            while len(batch) < self.max_batch:
+            while len(batch) < self.max_batch:  # a hand-over is never split, so a batch may exceed it
                 try:
                     nxt = self._q.get_nowait()
                 except queue.Empty:
@@ -196,7 +208,7 @@ class EventWriter(EventStore):
                 if nxt is None:
                     stop = True
                     break
-                batch.append(nxt)
+                batch += nxt
             try:
                 results = self._store([e for e, _, _ in batch])
             except BaseException as exc:  # a bug here must not leave a waiter hanging
