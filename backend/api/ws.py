@@ -213,7 +213,9 @@ async def _serve(ws: WebSocket, state: AppState, info: Any, after: int) -> None:
 
     async def handle(msg: Any) -> None:
         kind = msg.get("type") if isinstance(msg, dict) else None
-        current = await asyncio.to_thread(state.log.get_session, session_id) or info
+        # A live session's hub state is current (a cancel marks it); otherwise read the log.
+        live = hub.live.get(session_id)
+        current = live.info if live is not None else await asyncio.to_thread(state.log.get_session, session_id) or info
         if kind == "user_message" and isinstance(msg.get("text"), str) and msg["text"]:
             await hub.send(current, msg["text"])
         elif kind == "interrupt":

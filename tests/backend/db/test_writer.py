@@ -4,6 +4,10 @@ events are committed in order, before their waiters (and so any client) see them
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, event
@@ -13,6 +17,8 @@ from backend.db.log import SessionLog
 from backend.db.writer import EventRejected, EventWriter, LogUnavailable
 from tests.backend.db.test_log import BAD_SEQ, N, _assert_all_stored_with_stand_in, _events, _make_session, \
     _unserialisable
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def _append_all(writer: EventWriter, events: list[Event]) -> list[Any]:
@@ -98,3 +104,94 @@ async def test_disk_full_is_a_database_failure_not_a_bad_event(engine: Engine) -
     assert [e.seq for e in log.all_events(sid)] == [1, 2, 3]
 
 
+
+
+def _sessions(log: SessionLog, n: int) -> list[str]:
+    _make_session(log)
+    return ["sess1"] + [log.create_session(id=f"sess{i}", owner="u", source={}, workspace_id="w", base_snapshot="s0",
+                                           policy={}).id for i in range(2, n + 1)]
+
+
+async def test_group_commit_keeps_each_sessions_order_and_commits_before_the_waiter_sees_it(engine: Engine) -> None:
+    log = SessionLog(engine)
+    sids = _sessions(log, 3)
+    writer = EventWriter(log)
+    seen: dict[str, list[int]] = {sid: [] for sid in sids}
+
+    async def session(sid: str) -> None:  # like agent.Session: the next event only after the last is durable
+        for seq in range(1, 201):
+            stored = await writer.append(AssistantDelta(seq=seq, session_id=sid, turn=1, step=1, text=f"{sid} {seq}"))
+            # what a client would be sent is already committed, byte for byte
+            assert [r.json for r in log.events_stored(sid, after=seq - 1, limit=1)] == [stored.json]
+            seen[sid].append(stored.seq)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(session(s) for s in sids)), 60)
+    finally:
+        writer.close()
+    for sid in sids:
+        assert seen[sid] == list(range(1, 201))
+        assert [s.seq for s in log.events_stored(sid, limit=1000)] == list(range(1, 201))
+        assert log.get_session(sid).last_seq == 200
+    assert writer.commits < 3 * 200  # grouped: the three sessions shared transactions
+
+
+async def test_one_loop_iterations_appends_are_one_batch_in_order(engine: Engine) -> None:
+    log = SessionLog(engine)
+    sid = _make_session(log)
+    writer = EventWriter(log)
+    try:
+        stored = await asyncio.wait_for(asyncio.gather(*(
+            writer.append(AssistantDelta(seq=i, session_id=sid, turn=1, step=1, text=str(i))) for i in range(1, 51))), 30)
+    finally:
+        writer.close()
+    assert (writer.batches, writer.commits) == (1, 1)  # one hand-over to the thread, one transaction
+    assert [s.seq for s in stored] == [s.seq for s in log.events_stored(sid)] == list(range(1, 51))
+
+
+CRASHER = """
+import asyncio, sys
+from agent.events import AssistantDelta
+from backend.db.engine import make_engine
+from backend.db.log import SessionLog
+from backend.db.writer import EventWriter
+
+log = SessionLog(make_engine(sys.argv[1]))
+writer = EventWriter(log)
+
+async def session(sid):
+    seq = 0
+    while True:
+        seq += 1
+        stored = await writer.append(AssistantDelta(seq=seq, session_id=sid, turn=1, step=1, text="x" * 200))
+        print(sid, stored.seq, flush=True)  # what a client would see: sent only once committed
+
+async def main():
+    await asyncio.gather(*(session(sid) for sid in sys.argv[2:]))
+
+asyncio.run(main())
+"""
+
+
+def test_a_killed_writer_loses_no_event_a_client_saw(engine: Engine, tmp_path: Path) -> None:
+    log = SessionLog(engine)
+    sids = _sessions(log, 4)
+    proc = subprocess.Popen([sys.executable, "-c", CRASHER, str(engine.url), *sids], stdout=subprocess.PIPE,
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.stdout is not None
+    seen: dict[str, int] = {}
+    try:
+        for line in proc.stdout:  # until a few thousand events went out, then kill -9 mid-stream
+            sid, seq = line.decode().split()
+            seen[sid] = int(seq)
+            if sum(seen.values()) >= 3000:
+                break
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+    assert sum(seen.values()) >= 3000, "the writer process ended early"
+    for sid in sids:
+        stored = [s.seq for s in log.events_stored(sid, limit=100_000)]
+        assert stored == list(range(1, len(stored) + 1))  # a prefix: in order, no gap
+        assert len(stored) >= seen.get(sid, 0)  # everything its client saw (and maybe a last batch more)
