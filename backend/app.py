@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,13 +18,16 @@ from backend.api import ws
 from backend.api.deps import AppState
 from backend.api.routes import changes, health, replay, sessions
 from backend.db.engine import make_engine, migrate
-from backend.db.log import SessionLog
+from backend.db.log import SessionInfo, SessionLog
 from backend.db.writer import EventWriter
 from backend.hub import Hub, HubError
 from backend.policies import PolicyConfigError, PolicyFactory
 from backend.settings import Settings
 from tools.sandbox import SandboxUnavailable, make_sandbox
-from tools.workspace import WorkspaceError, WorkspaceStore
+from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
+
+if TYPE_CHECKING:
+    from tools.protocols import Workspace as WorkspaceLike
 
 log = logging.getLogger(__name__)
 
@@ -41,26 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         session_log = SessionLog(engine)
         settings.check_secure(token_count=await asyncio.to_thread(session_log.token_count))
         store = WorkspaceStore(settings.data_dir / "workspaces")
-        sandbox = None
-        if settings.sandbox:
-            try:
-                sandbox = make_sandbox(hide=[store.root, settings.data_dir], extra_ro=settings.sandbox_extra_ro,
-                                       allow_unsandboxed=settings.unsafe_no_sandbox)
-            except SandboxUnavailable as exc:
-                log.warning("%s — run_command is disabled for this server", exc)
-        writer = EventWriter(session_log)
-        indexes = None
-        if settings.semantic_search:
-            from embeddings.background import IndexPool
-
-            indexes = IndexPool(settings.search_index_dir)
-        hub = Hub(
-            log_=session_log, writer=writer, store=store, sandbox=sandbox,
-            policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,
-                                   openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
-            client_queue_events=settings.client_queue_events, indexes=indexes,
-            max_sockets_per_token=settings.max_sockets_per_token,
-        )
+        hub = make_hub(settings, session_log, store)
         recovered = await hub.recover()
         if recovered:
             log.warning("closed %d turn(s) left open by the last shutdown", recovered)
@@ -69,7 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await hub.shutdown()
-            writer.close()
+            hub.writer.close()
             engine.dispose()
 
     app = FastAPI(
@@ -90,6 +75,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ws.router)
 
     return app
+
+
+def make_hub(settings: Settings, session_log: SessionLog, store: WorkspaceStore, *,
+             workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None) -> Hub:
+    """The hub over ``session_log`` and ``store`` as the settings configure it: the sandbox
+    (none, with a warning, where it cannot run and the settings do not allow running
+    unsandboxed), the event writer (close it with ``hub.writer.close()``), the search
+    index pool, the policies. ``flywheel serve`` and ``flywheel acp`` both build theirs here."""
+    sandbox = None
+    if settings.sandbox:
+        try:
+            sandbox = make_sandbox(hide=[store.root, settings.data_dir], extra_ro=settings.sandbox_extra_ro,
+                                   allow_unsandboxed=settings.unsafe_no_sandbox)
+        except SandboxUnavailable as exc:
+            log.warning("%s — run_command is disabled for this server", exc)
+    indexes = None
+    if settings.semantic_search:
+        from embeddings.background import IndexPool
+
+        indexes = IndexPool(settings.search_index_dir)
+    return Hub(
+        log_=session_log, writer=EventWriter(session_log), store=store, sandbox=sandbox,
+        policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,
+                               openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
+        client_queue_events=settings.client_queue_events, indexes=indexes, workspace_view=workspace_view,
+        max_sockets_per_token=settings.max_sockets_per_token,
+    )
 
 
 # Documented on every route: the error statuses any route can answer with, all one shape.

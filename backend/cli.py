@@ -309,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
     from backend import rl_cli
 
     rl_cli.add_parser(sub)
+    from backend.acp import cli as acp_cli
+
+    acp_cli.add_parser(sub)
     return parser
 
 

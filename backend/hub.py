@@ -19,6 +19,12 @@ events (``approval_requested``) and :meth:`Hub.answer_approval` answers them
 (the WebSocket's ``approval`` message). A branch re-applies the answers
 recorded for the steps it re-executes.
 
+Workspace views: ``Hub(workspace_view=f)`` gives each live session's tools
+``f(info, workspace)`` instead of the workspace (any
+:class:`tools.protocols.Workspace`; ``flywheel acp`` wraps it so the file tools
+read and write through the editor, :mod:`backend.acp.fs_bridge`). Diffs,
+changes and replay still use the workspace itself.
+
 Sockets: :class:`SocketLimit` caps the WebSockets one token holds open at a
 time (``max_sockets_per_token``); ``send_stall_s`` is how long a send to a
 client may block before the client counts as too slow (``backend.api.ws``).
@@ -34,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -54,6 +60,7 @@ from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
 
 if TYPE_CHECKING:
     from embeddings.background import IndexPool
+    from tools.protocols import Workspace as WorkspaceLike
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +176,7 @@ class Hub:
         self, *, log_: SessionLog, writer: EventWriter, store: WorkspaceStore, sandbox: Sandbox | None,
         policies: PolicyFactory, client_queue_events: int = 2048, limits: Limits = Limits(),
         indexes: IndexPool | None = None, max_sockets_per_token: int = 32, send_stall_s: float = 10.0,
+        workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None,
     ):
         self.log = log_
         self.writer = writer
@@ -182,8 +190,11 @@ class Hub:
         self._loading: dict[str, asyncio.Lock] = {}
         self.sockets = SocketLimit(max_sockets_per_token)
         self.send_stall_s = send_stall_s
+        # What a live session's tools act on, given its workspace: the workspace itself
+        # (None), or a view of it (``flywheel acp`` ties file tools to the editor's buffers).
+        self.workspace_view = workspace_view
 
-    def live_parts(self, workspace: Workspace) -> SessionParts:
+    def live_parts(self, workspace: WorkspaceLike) -> SessionParts:
         """Parts for a live session: the server's sandbox and the workspace's pooled
         background index, built on the pool's thread at its first search (a session that
         never searches costs no indexing and never loads the embedder)."""
@@ -274,8 +285,9 @@ class Hub:
             h = history_from_events(events)
             workspace = await self._open_workspace(info)
             approvals = PendingApprovals()
+            view = self.workspace_view(info, workspace) if self.workspace_view is not None else workspace
             session = build_session(
-                self.live_parts(workspace), policy=policy or self.policies.build(info.policy, consumed=len(h.outputs)),
+                self.live_parts(view), policy=policy or self.policies.build(info.policy, consumed=len(h.outputs)),
                 limits=self.limits, sink=_PersistThenBroadcast(self, info.id), session_id=info.id, history=h,
                 approval_mode=approval_mode_of(info), approver=approvals,
             )

@@ -1,6 +1,6 @@
 """The reward of one rollout: success, plus small documented shaping.
 
-``reward = success + malformed + limit + effort`` where
+``reward = success + malformed + limit + idle + effort`` where
 
 * ``success`` = 1.0 when the grader passed **and** the rollout changed the
   workspace, else 0.0. The task is what is rewarded; a rollout that edits
@@ -16,6 +16,17 @@
   never the cheaper way to fail).
 * ``limit`` = ``-LIMIT`` when the turn ended on a limit (model calls, tokens,
   wall time): running out is worse than finishing.
+* ``idle`` = ``-IDLE`` when the rollout changed nothing and ended the turn
+  itself, before any limit. Why: without it, giving up at once (0) scored
+  above trying until a limit (``-LIMIT``), and the first experiment's seed 0
+  learned exactly that when no attempt in its groups succeeded
+  (docs/rl/README.md). ``IDLE`` is a little more than ``LIMIT``, so giving up
+  is strictly the worst well-formed way to fail (an attempt that explored
+  until a limit can still teach the group something; and the two differ, so
+  an all-failing group still has a direction), yet less than
+  ``MALFORMED_FIRST``, so a broken call stays worse than giving up. A failed
+  attempt that did change files and ended in time scores 0, the best failure
+  (a change is the only way a task is ever solved).
 * ``effort`` (successes only) = ``-EFFORT_PER_CALL`` per model call beyond the
   first, at most ``EFFORT_CAP``: among solutions, faster ones (fewer model
   calls: the "feels fast" objective) score higher. Only on successes, so a
@@ -28,7 +39,9 @@ Properties (tested in ``tests/rl/test_reward.py``):
 2. among failures, any rollout with a malformed call scores strictly below
    every rollout without one; for any outcome, one more malformed call never
    raises the reward;
-3. a rollout that changed nothing gets no success term, so at most 0.
+3. a rollout that changed nothing gets no success term and scores below 0;
+4. giving up (no change, the turn ended before a limit) scores below
+   running out on a limit with the same number of malformed calls.
 
 Grades: a ``GradeResult`` with ``error`` is an infrastructure error and is not
 scored (:class:`UngradedError`; the rollout is excluded and counted), except
@@ -48,18 +61,19 @@ from collections.abc import Iterable
 from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, TurnEnd
 from rl.types import GradeResult
 
-__all__ = ["EFFORT_CAP", "EFFORT_PER_CALL", "LIMIT", "MALFORMED_CAP", "MALFORMED_EACH", "MALFORMED_FIRST",
+__all__ = ["EFFORT_CAP", "EFFORT_PER_CALL", "IDLE", "LIMIT", "MALFORMED_CAP", "MALFORMED_EACH", "MALFORMED_FIRST",
            "UngradedError", "reward", "reward_from_counts"]
 
 MALFORMED_FIRST = 0.15
 MALFORMED_EACH = 0.05
 MALFORMED_CAP = 0.3
 LIMIT = 0.1
+IDLE = 0.12
 EFFORT_PER_CALL = 0.01
 EFFORT_CAP = 0.2
 LIMIT_REASONS = frozenset({"max_steps", "max_tokens", "timeout"})
 
-assert MALFORMED_FIRST > LIMIT and 1 - MALFORMED_CAP - LIMIT - EFFORT_CAP > 0
+assert MALFORMED_FIRST > IDLE > LIMIT and 1 - MALFORMED_CAP - LIMIT - EFFORT_CAP > 0
 
 
 class UngradedError(ValueError):
@@ -72,8 +86,9 @@ def reward_from_counts(*, passed: bool, changed: bool, malformed: int, hit_limit
     success = 1.0 if passed and changed else 0.0
     mal = 0.0 if malformed <= 0 else -min(MALFORMED_CAP, MALFORMED_FIRST + MALFORMED_EACH * (malformed - 1))
     lim = -LIMIT if hit_limit else 0.0
+    idle = -IDLE if not changed and not hit_limit else 0.0
     effort = -min(EFFORT_CAP, EFFORT_PER_CALL * max(0, model_calls - 1)) if success else 0.0
-    terms = {"success": success, "malformed": mal, "limit": lim, "effort": effort}
+    terms = {"success": success, "malformed": mal, "limit": lim, "idle": idle, "effort": effort}
     return sum(terms.values()), terms
 
 

@@ -57,4 +57,26 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
   .venv/bin/python -c "import agent, tools, backend" || { say "ERROR: project install failed"; exit 1; }
   echo "$digest" > "$stamp"
 fi
+# --- ACP test client (issue 14): the official ACP TypeScript SDK, for tests/backend/acp/test_ts_client.py ---
+if [ $want_test = 1 ]; then
+  acp_client=tests/clients/acp
+  if ! command -v npm >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      say "installing nodejs and npm with apt-get (for the ACP test client)"
+      apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    else
+      say "WARNING: npm is missing: the ACP TypeScript client test will be skipped (apt-get install nodejs npm)"
+    fi
+  fi
+  if command -v npm >/dev/null 2>&1; then
+    acp_stamp="$acp_client/node_modules/.flywheel-$(sha256sum "$acp_client/package-lock.json" | cut -c1-16)"
+    if [ ! -f "$acp_stamp" ]; then
+      say "installing the ACP test client's packages (npm ci in $acp_client)"
+      (cd "$acp_client" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) \
+        || { say "ERROR: npm ci failed in $acp_client"; exit 1; }
+      touch "$acp_stamp"
+    fi
+  fi
+fi
+# --- end ACP test client ---
 say "ready"

@@ -36,16 +36,21 @@ records (consumed vs sampled, logprobs, MoE routes when requested): their
 concatenation is exactly the last request's prompt plus its output.
 
 The generator behind the policy is a :class:`TokenCompleter` — the engine
-itself (:class:`agent.model.engine.Engine`) or the RL inference actor. Not
-guaranteed: streaming within a step (the whole completion arrives as one
-chunk, so tool calls of a step start when its generation ends); use across
-two conversations (one policy per session).
+itself (:class:`agent.model.engine.Engine`) or the RL inference actor. A
+completer that also has ``generate`` (:class:`StreamingCompleter`: the engine,
+the actor's :class:`rl.rollout.inference.ActorCompleter`) is streamed, so a
+step's tool calls start the moment each is parsed, as they do when serving;
+one with only ``complete`` arrives as one chunk. Both give the same segments
+for the same sampled ids (tested). Not guaranteed: use across two
+conversations (one policy per session); how finely a stream is split into
+chunks (the actor coalesces pieces).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -57,6 +62,13 @@ class TokenCompleter(Protocol):
     """Runs one generation request (``agent.model.engine.GenerationRequest``) to its end."""
 
     async def complete(self, request: Any) -> Any: ...  # -> agent.model.engine.Completion
+
+
+class StreamingCompleter(TokenCompleter, Protocol):
+    """A completer that can also stream a request's pieces (``agent.model.engine.GeneratedPiece``;
+    the last one carries ``finish_reason`` and ``info``). Closing the iterator early frees the request."""
+
+    def generate(self, request: Any) -> AsyncIterator[Any]: ...
 
 
 @dataclass(slots=True)
@@ -196,26 +208,62 @@ class TokenInTokenOutPolicy:
             stop=list(CHAT_TEMPLATE.turn_stops), seed=next(self._seeds) if self._seeds is not None else None,
             return_routes=self.return_routes, routes_from=len(self._routes) if self.return_routes else 0,
         )
+        generate = getattr(self.completer, "generate", None)
+        text: list[str] = []
+        out_ids: list[int] = []
+        lps: list[float] = []
+        last: Any = None  # what the last chunk carries: the finishing piece, or the whole completion
         try:
-            done = await self.completer.complete(request)
+            if generate is None:
+                last = await self.completer.complete(request)
+                text, out_ids, lps = [last.text], list(last.token_ids), list(last.logprobs)
+            else:
+                async with aclosing(generate(request)) as pieces:
+                    async for piece in pieces:
+                        text.append(piece.text)
+                        out_ids += piece.token_ids
+                        lps += piece.logprobs
+                        if piece.finish_reason is not None:
+                            last = piece
+                            break
+                        if piece.text or piece.token_ids:
+                            yield PolicyChunk(piece.text, token_ids=tuple(piece.token_ids),
+                                              logprobs=tuple(piece.logprobs))
+                if last is None:
+                    raise EngineError("the stream ended without a finished piece")
         except PromptTooLong as exc:
             raise PolicyError(f"token-in/token-out policy: the conversation no longer fits the context: {exc}") from None
         except EngineError as exc:
             raise PolicyError(f"token-in/token-out policy: {exc}") from None
-        tail = output_tail(self.tokenizer, done.token_ids, done.text)
+        except GeneratorExit:
+            # the session stopped reading mid-stream (e.g. too many calls in one step): the message
+            # is what it read, so the sequence is too — minus sampled ids whose text it never saw
+            self._record(prompt.text, ids, new, "".join(text), out_ids, lps, None, partial=True)
+            raise
+        # the bookkeeping comes before the last chunk, so a consumer that stops at it still leaves the
+        # policy ready for the next request
+        self._record(prompt.text, ids, new, "".join(text), out_ids, lps, getattr(last, "info", None))
+        yield PolicyChunk(last.text, token_ids=tuple(last.token_ids), logprobs=tuple(last.logprobs),
+                          output_tokens=len(out_ids), finish_reason=last.finish_reason)
+
+    def _record(self, prompt_text: str, ids: list[int], new: list[int], full: str, out_ids: list[int],
+                lps: list[float], info: Any, *, partial: bool = False) -> None:
+        """Append one model call (its prompt's new ids and its sampled ids) to the sequence."""
+        if partial:
+            while out_ids and self.tokenizer.decode(out_ids) != full \
+                    and self.tokenizer.decode(out_ids[:-1]).startswith(full):
+                out_ids, lps = out_ids[:-1], lps[:-1]
+        tail = output_tail(self.tokenizer, out_ids, full)
         if new or not self.segments:
             self.segments.append(TokenSegment(new if self.held else ids, sampled=False))
-        self.segments.append(TokenSegment(list(done.token_ids), sampled=True, logprobs=list(done.logprobs)))
-        self.held = ids + list(done.token_ids)
-        self._prompt_text, self._output_text, self._tail = prompt.text, done.text, tail
+        self.segments.append(TokenSegment(out_ids, sampled=True, logprobs=lps))
+        self.held = ids + out_ids
+        self._prompt_text, self._output_text, self._tail = prompt_text, full, tail
         self.model_calls += 1
-        info = getattr(done, "info", None)
         if info is not None:
             self.weights_versions.append(info.weights_version)
             if self.return_routes and info.routes is not None:
                 self._routes += info.routes
-        yield PolicyChunk(done.text, token_ids=tuple(done.token_ids), logprobs=tuple(done.logprobs),
-                          output_tokens=len(done.token_ids), finish_reason=done.finish_reason)
 
     def routed_segments(self) -> list[TokenSegment]:
         """:attr:`segments` with their MoE routes filled in (``return_routes=True``):

@@ -1,14 +1,18 @@
 """The inference actor: the policy's :class:`agent.model.engine.Engine` inside a Ray actor.
 
-An async actor: every ``complete`` call from every rollout worker runs on the
-actor's one event loop, so the engine batches them all (continuous batching)
+An async actor: every ``complete`` or ``generate`` call from every rollout
+worker runs on the actor's one event loop, so the engine batches them all (continuous batching)
 and its prefix cache sees every conversation. ``load_weights(state_dict,
 version)`` swaps the weights between two forwards; each completion reports the
 version that produced it (``Completion.info.weights_version``).
 
-:class:`ActorCompleter` is the :class:`agent.policies.tito.TokenCompleter` a
+:class:`ActorCompleter` is the :class:`agent.policies.tito.StreamingCompleter` a
 worker hands the token-in/token-out policy: it forwards a request to the actor
-and awaits its completion. Not guaranteed: that a request running while
+and streams its pieces back (a Ray streaming generator), so a rollout's tool
+calls start the moment each is parsed, as when serving. To keep Ray's per-object
+cost off every token, the actor coalesces the pieces that arrive within
+``STREAM_INTERVAL_S`` into one (texts, ids and logprobs concatenated in order).
+Not guaranteed: that a request running while
 weights load was produced by one version (the driver loads weights between
 iterations); failure of the actor process surfaces as an infrastructure error
 in the rollout, not as a retry.
@@ -16,9 +20,23 @@ in the rollout, not as a retry.
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+STREAM_INTERVAL_S = 0.02  # the actor sends at most one coalesced piece per request per interval
+
+
+def coalesce(pieces: list[Any]) -> Any:
+    """One ``GeneratedPiece`` holding ``pieces`` in order (the last one's finish reason and info)."""
+    from agent.model.engine import GeneratedPiece
+
+    if len(pieces) == 1:
+        return pieces[0]
+    return GeneratedPiece("".join(p.text for p in pieces), tuple(t for p in pieces for t in p.token_ids),
+                          tuple(x for p in pieces for x in p.logprobs), pieces[-1].finish_reason, pieces[-1].info)
 
 
 class InferenceServer:
@@ -44,6 +62,21 @@ class InferenceServer:
     async def complete(self, request: Any) -> Any:
         await self.engine.start()
         return await self.engine.complete(self.engine.fit(request))
+
+    async def generate(self, request: Any) -> AsyncIterator[Any]:
+        """The request's pieces, coalesced per ``STREAM_INTERVAL_S``; the last one finishes it."""
+        from contextlib import aclosing
+
+        await self.engine.start()
+        held: list[Any] = []
+        sent = time.monotonic()
+        async with aclosing(self.engine.generate(self.engine.fit(request))) as pieces:
+            async for piece in pieces:
+                held.append(piece)
+                now = time.monotonic()
+                if piece.finish_reason is not None or now - sent >= STREAM_INTERVAL_S:
+                    yield coalesce(held)
+                    held, sent = [], now
 
     async def load_weights(self, state_dict: dict[str, Any], version: int) -> int:
         await self.engine.load_weights(state_dict, version)
@@ -89,3 +122,18 @@ class ActorCompleter:
 
     async def complete(self, request: Any) -> Any:
         return await self.actor.complete.remote(request)
+
+    async def generate(self, request: Any) -> AsyncIterator[Any]:
+        """Stream the actor's (coalesced) pieces; closing early cancels the request on the actor."""
+        import ray
+
+        refs = self.actor.generate.remote(request)
+        try:
+            async for ref in refs:
+                piece = await ref
+                yield piece
+                if piece.finish_reason is not None:
+                    return
+        finally:
+            if not refs.is_finished():
+                ray.cancel(refs)

@@ -13,13 +13,18 @@ difficulty raises instead of repeating names.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rl.types import Split
 
-TRAIN_WORDS: tuple[str, ...] = (
-    "apple", "river", "stone", "cloud", "maple", "amber", "cedar", "ember", "grove", "harbor",
-    "island", "jungle", "lantern", "meadow", "nectar", "orchid", "pepper", "quill", "raven", "saddle",
-    "timber", "velvet", "walnut", "yarrow", "basil", "copper", "dune", "fern", "garnet", "hazel",
-)
+_POOL = Path(__file__).with_name("train_words.txt")
+#: The training split's ~3,000 words (``train_words.txt``: code words from the stdlib, frozen). A broad
+#: pool is the point: with the 30 words this module first had (still its first 30 entries), SFT on
+#: the training split let a small model *memorise* every name it would write instead of learning to
+#: copy a name from the request or a tool result into a call, and held-out tasks, whose names are all
+#: new, need exactly that copy (docs/rl/README.md: the first experiment's start solved none of them).
+TRAIN_WORDS: tuple[str, ...] = tuple(
+    w for w in _POOL.read_text(encoding="utf-8").split("\n") if w and not w.startswith("#"))
 HELDOUT_WORDS: tuple[str, ...] = (
     "quartz", "falcon", "glacier", "tundra", "comet", "nebula", "prairie", "sierra", "coral", "bison",
     "lynx", "orbit", "pixel", "sonar", "tango", "umber", "violet", "wombat", "zephyr", "acorn",

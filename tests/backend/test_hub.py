@@ -209,3 +209,31 @@ async def test_an_interrupt_right_after_send_is_not_lost(hub) -> None:
     assert await asyncio.wait_for(h.interrupt(info), 10)  # at once: the turn has not begun yet
     events = await asyncio.to_thread(h.log.all_events, info.id)
     assert events[-1].type == "turn_end" and events[-1].reason == "interrupted"
+
+
+async def test_a_workspace_view_is_what_the_live_sessions_tools_act_on(hub) -> None:
+    h, ws = hub
+    seen: list[str] = []
+
+    class Upper:
+        """A view whose reads shout: the read_file result shows the tools used it."""
+
+        def __init__(self, inner):
+            self._inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self._inner, name)
+
+        def read_bytes(self, rel, *, limit=None):
+            seen.append(rel)
+            return self._inner.read_bytes(rel, limit=limit).upper()
+
+    h.workspace_view = lambda info, workspace: Upper(workspace)
+    read = '<tool_call name="read_file">\n<param name="path">f.txt</param>\n</tool_call>'
+    info = await h.create(owner="a", workspace=ws, title="", source={},
+                          policy={"kind": "scripted", "outputs": [read, "done"]})
+    await h.send(info, "read it")
+    events = [e async for e in _until_end(h.stream(info, 0))]
+    result = next(e for e in events if e.type == "tool_result")
+    assert seen == ["f.txt"] and "X" in result.output
+    assert (ws.root / "f.txt").read_text() == "x\n"

@@ -35,9 +35,16 @@ def test_one_more_malformed_call_never_helps() -> None:
 
 
 def test_ending_without_touching_anything_is_never_rewarded() -> None:
-    assert max(_r(*g) for g in GRID if not g[1]) <= 0.0
+    assert max(_r(*g) for g in GRID if not g[1]) < 0.0
     value, terms = reward([AssistantMessage(step=1, text="done")], GradeResult(True, "", 0.1))
-    assert terms["success"] == 0.0 and value == 0.0
+    assert terms["success"] == 0.0 and terms["idle"] == -0.12 and value == pytest.approx(-0.12)
+
+
+def test_giving_up_never_beats_running_out() -> None:
+    # the hack the first experiment found: with nothing succeeding, end the turn at once
+    for p, c, m, _, calls in GRID:
+        if not (p and c):
+            assert _r(p, False, m, False, 1) < _r(p, c, m, True, calls), (p, c, m, calls)
 
 
 def test_from_events() -> None:
@@ -49,11 +56,11 @@ def test_from_events() -> None:
         TurnEnd(reason="completed", steps=2, output_tokens=5),
     ]
     value, terms = reward(events, GradeResult(True, "", 0.1))
-    assert terms == {"success": 1.0, "malformed": -0.15, "limit": 0.0, "effort": -0.01}
+    assert terms == {"success": 1.0, "malformed": -0.15, "limit": 0.0, "idle": 0.0, "effort": -0.01}
     assert value == pytest.approx(0.84)
     _, terms = reward([*events[:-1], TurnEnd(reason="max_steps", steps=2, output_tokens=5)],
                       GradeResult(False, "", 0.1))
-    assert terms["limit"] == -0.1 and terms["effort"] == 0.0
+    assert terms["limit"] == -0.1 and terms["idle"] == 0.0 and terms["effort"] == 0.0
 
 
 def test_infra_error_is_not_scored_but_a_timeout_is_a_failure() -> None:

@@ -156,3 +156,53 @@ async def test_a_bare_end_marker_is_not_duplicated(tok) -> None:
     assert tok.decode(seq).count("<|end|>") == render_prompt(conv, specs).text.count("<|end|>") + 1  # + the last
     assert "one<|end|>\n<|user|>\nb" in tok.decode(seq)
 
+
+
+class StreamingScripted(ScriptedCompleter):
+    """The scripted completer, streamed one token per piece (as the engine streams), noting which
+    tool calls the session had started when each piece was sent."""
+
+    def __init__(self, outputs: list[str], tokenizer, sink: ListSink) -> None:
+        super().__init__(outputs, tokenizer)
+        self.sink = sink
+        self.started_before_end: list[int] = []
+
+    async def generate(self, request):
+        import asyncio
+
+        from agent.model.engine import GeneratedPiece
+        from agent.events import ToolCallStarted
+
+        done = await self.complete(request)
+        for i, t in enumerate(done.token_ids):
+            last = i == len(done.token_ids) - 1
+            if last:
+                self.started_before_end.append(len(self.sink.of_type(ToolCallStarted)))
+            yield GeneratedPiece(self.tokenizer.decode([t]) if not last else "", (t,), (0.0,),
+                                 "stop" if last else None)
+            await asyncio.sleep(0)
+
+
+async def test_a_streamed_completion_gives_the_same_sequence_and_starts_calls_early(workspace, tok) -> None:
+    outputs = [
+        call("read_file", {"path": "app.py"}) + "\nand\n" + call("read_file", {"path": "util.py"}),
+        "Fixing." + call("edit_file", {"path": "app.py", "search": "a - b", "replace": "a + b"}),
+        "Done.",
+    ]
+    runs = []
+    for streamed in (False, True):
+        sink = ListSink()
+        completer = StreamingScripted(outputs, tok, sink) if streamed else ScriptedCompleter(outputs, tok)
+        policy = TokenInTokenOutPolicy(completer, tok, prompt_profile=COMPACT_PROFILE)
+        session = build_session(SessionParts(WorkspaceStore(workspace.root.parent.parent / f"s{streamed}")
+                                             .from_dir(workspace.root)), policy=policy, sink=sink)
+        outcome = await session.run_turn("fix add")
+        assert outcome.reason == "completed" and outcome.steps == 3
+        runs.append((policy, completer, sorted((e.step, e.index, e.name, e.ok, e.output)  # finish order varies
+                                               for e in sink.of_type(ToolResultEvent))))
+    (plain, _, results0), (streamed, completer, results1) = runs
+    assert [(s.token_ids, s.sampled, s.logprobs) for s in plain.segments] == \
+        [(s.token_ids, s.sampled, s.logprobs) for s in streamed.segments]
+    assert results0 == results1
+    # both calls of step 1 (and the edit of step 2) had started before their generation ended
+    assert completer.started_before_end[:2] == [2, 3]

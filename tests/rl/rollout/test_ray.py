@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 import torch
 
 from agent.model.checkpoint import save_checkpoint
@@ -48,3 +49,38 @@ def test_two_workers_share_one_inference_actor(ray_session, tmp_path: Path) -> N
     assert ray.get(inference.weights_version.remote()) == 3
     for actor in (*workers, inference):
         ray.kill(actor)
+
+
+def test_the_actor_streams_coalesced_pieces_that_join_to_the_completion(ray_session, tmp_path: Path) -> None:
+    from agent.model.engine import GenerationRequest
+    from rl.rollout.inference import ActorCompleter
+
+    ray = ray_session
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=1024))
+    ckpt = save_checkpoint(tmp_path / "ckpt", model, tok, step=0, profile=COMPACT_PROFILE)
+    inference = start_inference(ckpt, max_slots=4, num_cpus=0.5, threads=1)
+    completer = ActorCompleter(inference)
+    request = GenerationRequest(prompt_ids=tok.encode("hello there"), max_tokens=48, seed=5)
+
+    async def both():
+        pieces = [p async for p in completer.generate(request)]
+        return pieces, await completer.complete(request)
+
+    pieces, done = asyncio.run(both())
+    assert pieces[-1].finish_reason == done.finish_reason and all(p.finish_reason is None for p in pieces[:-1])
+    assert [t for p in pieces for t in p.token_ids] == done.token_ids  # same seed: the same sample
+    assert "".join(p.text for p in pieces) == done.text
+    # (the second request reuses the first's cached prompt: the same tokens, logprobs equal to float noise)
+    assert [x for p in pieces for x in p.logprobs] == pytest.approx(done.logprobs, abs=1e-4)
+    assert 1 < len(pieces) <= len(done.token_ids)  # streamed, and never more pieces than tokens
+
+    async def closed_early():  # closing the stream early frees the request on the actor
+        async for _ in completer.generate(GenerationRequest(prompt_ids=tok.encode("hi"), max_tokens=400, seed=1)):
+            break
+        await asyncio.sleep(0.5)
+        return await completer.complete(request)
+
+    assert asyncio.run(closed_early()).token_ids == done.token_ids
+    ray.kill(inference)
