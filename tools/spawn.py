@@ -16,10 +16,8 @@ with strace), and in a threaded server the second ``close`` can hit a
 descriptor another thread has just been given (SQLite answered "disk I/O
 error").
 
-Not guaranteed: the ``Popen`` call itself still runs on the loop's thread
-(briefly, with the GIL held, until the child has exec'd); the child is not
-killed when the :class:`PipedProcess` is garbage collected -- callers kill and
-:meth:`PipedProcess.close` it.
+Not guaranteed: the child is not killed when the :class:`PipedProcess` is
+garbage collected -- callers kill and :meth:`PipedProcess.close` it.
 """
 
 from __future__ import annotations
@@ -110,9 +108,32 @@ class PipedProcess:
 async def spawn_piped(argv: Sequence[str], *, cwd: str | os.PathLike[str], env: Mapping[str, str]) -> PipedProcess:
     """Start ``argv`` in ``cwd`` with stdin from /dev/null and stdout/stderr piped to the loop.
 
-    Raises what ``Popen`` raises (``OSError`` for a missing program or ``cwd``)."""
+    ``Popen`` runs on a worker thread: it returns once the child has exec'd, which on
+    a busy machine can take milliseconds the loop should not spend blocked (the GIL
+    is free meanwhile). Cancelled while it starts, the child is killed and reaped as
+    soon as it exists. Raises what ``Popen`` raises (``OSError`` for a missing
+    program or ``cwd``)."""
     loop = asyncio.get_running_loop()
-    proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, close_fds=True)
+    start = asyncio.ensure_future(asyncio.to_thread(
+        subprocess.Popen, list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, close_fds=True))
+    try:
+        proc = await asyncio.shield(start)
+    except asyncio.CancelledError:
+        start.add_done_callback(_discard_started)
+        raise
     assert proc.stdout is not None and proc.stderr is not None
     return PipedProcess(proc, [_PipeReader(loop, proc.stdout), _PipeReader(loop, proc.stderr)], ExitWatch(loop, proc))
+
+
+def _discard_started(start: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    """Kill and reap a child whose caller was cancelled while it started."""
+    if start.cancelled() or start.exception() is not None:
+        return
+    proc = start.result()
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait()  # SIGKILLed: returns at once
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()

@@ -104,3 +104,23 @@ def test_each_pipe_descriptor_is_closed_once_on_uvloop(tmp_path: Path) -> None:
     closes = trace.read_text().splitlines()
     assert sum("close(" in line for line in closes) > 20  # the trace did record the closes
     assert [line for line in closes if "EBADF" in line] == []
+
+
+def test_a_spawn_cancelled_while_starting_leaves_no_child(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    script = tmp_path / "child.sh"
+    script.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 30\n")
+    script.chmod(0o755)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(spawn_piped([str(script)], cwd=tmp_path, env=os.environ))
+        await asyncio.sleep(0)  # Popen is now running on its thread
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)  # Popen returns; the child is killed and reaped
+
+    asyncio.run(main())
+    if pid_file.exists():  # it got as far as running: it must be gone now
+        with pytest.raises(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), 0)
