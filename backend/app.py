@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -75,6 +76,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ws.router)
 
     return app
+
+
+def tune_gc_for_serving() -> None:
+    """Keep the cyclic garbage collector from stopping every session for long.
+
+    A full collection scans every tracked object while the event loop waits: with the
+    ~130k objects startup leaves (modules, schemas, the app) one took 40-200 ms under
+    load, and with the default thresholds they came every few seconds (plus ~480
+    young collections per 25k events). So what is alive now moves out of its reach
+    (``gc.freeze``), and young collections wait for 10,000 new objects instead of 700.
+    Not guaranteed: objects created later (a module imported lazily, e.g. the
+    embedder's at the first search) are scanned as usual; cyclic garbage among the
+    frozen objects is never freed.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 def make_hub(settings: Settings, session_log: SessionLog, store: WorkspaceStore, *,

@@ -515,7 +515,7 @@ def _open_log(settings: Settings) -> SessionLog:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from backend.app import create_app
+    from backend.app import create_app, tune_gc_for_serving
     from backend.settings import InsecureSettings
 
     try:
@@ -573,6 +573,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
                             ws="websockets-sansio",
                             ws_per_message_deflate=False)  # events are small: compressing each cost more CPU than it saved
     server = uvicorn.Server(config)
+    tune_gc_for_serving()
     try:
         server.run(sockets=[sock])
     finally:
