@@ -19,7 +19,9 @@ event-loop delay.
 ``--profile`` samples the server with py-spy while the turns run and adds
 ``profile``: the share of its Python time per part (commit, tools, WebSocket
 send, agent loop, ...), the top functions by own time, and the CPU of its
-event-loop thread and of its other threads (``benchmarks/_pyspy.py``).
+event-loop thread and of its other threads (``benchmarks/_pyspy.py``). The
+sampler pauses the server and competes for its cores, so a profiled run is
+written to ``load_profile.json``, not ``load.json``.
 
 Errors: a turn_end other than ``completed``, a ``request_error``, a
 disconnect or timeout, a missing or duplicate ``seq``, or a session whose log
@@ -293,7 +295,10 @@ def main() -> None:
         find_pyspy()  # before the server starts: a missing py-spy is a one-line error
     with tempfile.TemporaryDirectory(prefix="flywheel-load-") as d:
         result = asyncio.run(asyncio.wait_for(bench(args, Path(d)), timeout=args.timeout))
-    write_result("load_quick" if args.quick else "load", result)
+    # py-spy pauses the server 100 times a second and takes CPU from it: a profiled run's
+    # latency is not the server's, so it goes to its own file
+    name = "load_profile" if args.profile else "load"
+    write_result(f"{name}_quick" if args.quick else name, result)
     if not result["pass"]:
         raise SystemExit(1)
 
