@@ -1,13 +1,16 @@
 """Live sessions: drive ``agent.Session``, persist every event, fan it out.
 
 Each live session has one sink that first commits the event to the log
-(:class:`backend.db.log.EventWriter`) and only then offers it to the
-session's subscribers. A subscriber is a bounded queue: a client that falls
+(:class:`backend.db.writer.EventWriter`, group commit) and only then offers
+it to the session's subscribers -- the same :class:`backend.db.log.StoredEvent`
+(the event and its JSON line, encoded once) to each. The session's status
+follows its events in the same commits (a turn's first event: running; its
+``turn_end``: idle). A subscriber is a bounded queue: a client that falls
 ``client_queue_events`` behind is dropped (its socket closed with a "too
 slow" reason) and can reconnect from the last ``seq`` it saw; nobody else
 waits for it.
 
-Reconnect is lossless: :meth:`Hub.stream` registers the queue *before*
+Reconnect is lossless: :meth:`Hub.stream_stored` registers the queue *before*
 reading the backlog from the log, so every event is either in the backlog or
 in the queue (duplicates are dropped by ``seq``).
 
