@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import codecs
 import enum
+import functools
 from dataclasses import dataclass
 
 from lxml import etree
@@ -110,11 +111,15 @@ _FORM_HINT = (
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_tag_name(tag: str) -> tuple[str | None, str | None]:
     """Read the ``name`` attribute of a complete opening tag with lxml.
 
     Returns ``(name, None)`` or ``(None, error message)``. Entities are not
     expanded and no DTD is consulted, so ``&xxe;`` is an error, never a fetch.
+    Memoised (a pure function of the tag): models repeat the same few tags, and
+    each lxml parse releases the GIL, which in a server with busy threads costs
+    the event loop far more than the parse.
     """
     body = tag[:-2] if tag.endswith("/>") else tag[:-1]
     try:

@@ -18,6 +18,7 @@ deterministic: same conversation, tools and profile, same bytes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -196,7 +197,22 @@ def format_instructions(detail: ToolDetail = "full") -> str:
 
 
 def system_prompt(specs: Sequence[ToolSpec], base: str = DEFAULT_SYSTEM_PROMPT, detail: ToolDetail = "full") -> str:
+    """The system prompt: ``base``, how to call tools, the tools. Memoised per (specs, base,
+    detail) -- it is rendered for every model call -- unless a spec holds an unhashable
+    default, which is then described afresh each time."""
+    key = (tuple(specs), base, detail)
+    try:
+        hash(key)
+    except TypeError:
+        return _system_prompt(*key)
+    return _cached_system_prompt(*key)
+
+
+def _system_prompt(specs: tuple[ToolSpec, ...], base: str, detail: ToolDetail) -> str:
     return "\n\n".join([base.strip(), format_instructions(detail), describe_tools(specs, detail)])
+
+
+_cached_system_prompt = functools.lru_cache(maxsize=64)(_system_prompt)
 
 
 def flatten(messages: Sequence[Message], template: ChatTemplate = CHAT_TEMPLATE) -> str:

@@ -571,7 +571,7 @@ def _open_log(settings: Settings) -> SessionLog:
 def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from backend.app import create_app
+    from backend.app import create_app, tune_gc_for_serving
     from backend.settings import InsecureSettings
 
     try:
@@ -626,8 +626,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     config = uvicorn.Config(with_change_routes(create_app(settings)), log_level=args.log_level,
                             ws_max_size=MAX_MESSAGE_BYTES,  # uvicorn refuses bigger WebSocket messages before reading them
-                            ws="websockets-sansio")
+                            ws="websockets-sansio",
+                            ws_per_message_deflate=False)  # events are small: compressing each cost more CPU than it saved
     server = uvicorn.Server(config)
+    tune_gc_for_serving()
     try:
         server.run(sockets=[sock])
     finally:

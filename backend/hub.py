@@ -1,13 +1,16 @@
 """Live sessions: drive ``agent.Session``, persist every event, fan it out.
 
 Each live session has one sink that first commits the event to the log
-(:class:`backend.db.log.EventWriter`) and only then offers it to the
-session's subscribers. A subscriber is a bounded queue: a client that falls
+(:class:`backend.db.writer.EventWriter`, group commit) and only then offers
+it to the session's subscribers -- the same :class:`backend.db.log.StoredEvent`
+(the event and its JSON line, encoded once) to each. The session's status
+follows its events in the same commits (a turn's first event: running; its
+``turn_end``: idle). A subscriber is a bounded queue: a client that falls
 ``client_queue_events`` behind is dropped (its socket closed with a "too
 slow" reason) and can reconnect from the last ``seq`` it saw; nobody else
 waits for it.
 
-Reconnect is lossless: :meth:`Hub.stream` registers the queue *before*
+Reconnect is lossless: :meth:`Hub.stream_stored` registers the queue *before*
 reading the backlog from the log, so every event is either in the backlog or
 in the queue (duplicates are dropped by ``seq``).
 
@@ -37,6 +40,7 @@ given while no live session holds the request are refused (409), not queued.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -50,7 +54,8 @@ from agent.history import closing_events, history_from_events
 from agent.policy import Policy
 from agent.runtime import LazySearchIndex, SessionParts, build_session
 from agent.session import Limits, Session
-from backend.db.log import EventWriter, SessionInfo, SessionLog
+from backend.db.log import SessionInfo, SessionLog, StoredEvent
+from backend.db.writer import EventWriter
 from backend.policies import PolicyFactory
 from tools.sandbox import Sandbox
 from tools.snapshots import SnapshotError
@@ -73,10 +78,10 @@ class HubError(Exception):
 
 class Subscriber:
     def __init__(self, maxsize: int):
-        self.queue: asyncio.Queue[Event | None] = asyncio.Queue(maxsize)
+        self.queue: asyncio.Queue[StoredEvent | None] = asyncio.Queue(maxsize)
         self.dropped = False
 
-    def offer(self, event: Event) -> None:
+    def offer(self, event: StoredEvent) -> None:
         if self.dropped:
             return
         try:
@@ -158,7 +163,8 @@ class _PersistThenBroadcast:
 
     async def emit(self, event: Event) -> None:
         # Durable before anyone sees it; clients get what was stored (an error
-        # event in place of one the log could not store, same seq).
+        # event in place of one the log could not store, same seq), encoded
+        # once: every subscriber is offered the same StoredEvent (one JSON line).
         stored = await self.hub.writer.append(event)
         live = self.hub.live.get(self.session_id)
         if live is not None and isinstance(event, TurnEnd):
@@ -411,15 +417,20 @@ class Hub:
 
     async def _turn(self, live: LiveSession, text: str | None, *, policy: Policy | None = None) -> None:
         """Run one turn (``policy``: this turn's only, e.g. a branch's recorded steps then
-        its own policy; None: the session's) and record the session's status around it."""
+        its own policy; None: the session's).
+
+        The status follows the turn's own events: turn_started commits "running" and
+        turn_end "idle" in their transactions (SessionLog.append_stored), so no other
+        write competes with the event writer for the database during a turn."""
+        failed = False
         try:
-            await asyncio.to_thread(self.log.set_status, live.info.id, "running")
             await live.session.run_turn(text, policy=policy)
         except Exception:
+            failed = True  # e.g. the log failed: its turn_end may not be stored
             log.exception("session %s: turn failed", live.info.id)
         finally:
-            status = "cancelled" if live.cancelled else "idle"
-            await asyncio.to_thread(self.log.set_status, live.info.id, status)
+            if live.cancelled or failed:
+                await asyncio.to_thread(self.log.set_status, live.info.id, "cancelled" if live.cancelled else "idle")
             await self._evict_if_unused(live, finishing=True)
 
     async def _evict_if_unused(self, live: LiveSession, *, finishing: bool = False) -> None:
@@ -462,16 +473,22 @@ class Hub:
     # -- streaming -------------------------------------------------------------
 
     async def stream(self, info: SessionInfo, after: int) -> AsyncIterator[Event]:
-        """Every event with ``seq > after``: the backlog from the log, then live
-        ones, without gaps or duplicates. Ends when the subscriber is dropped
-        (raises :class:`SlowClient`) or the hub shuts down."""
+        """:meth:`stream_stored`, as events."""
+        async with contextlib.aclosing(self.stream_stored(info, after)) as stored:
+            async for s in stored:
+                yield s.event
+
+    async def stream_stored(self, info: SessionInfo, after: int) -> AsyncIterator[StoredEvent]:
+        """Every event with ``seq > after`` as the log stores it (its JSON line): the
+        backlog from the log, then live ones, without gaps or duplicates. Ends when
+        the subscriber is dropped (raises :class:`SlowClient`) or the hub shuts down."""
         live = await self.get_live(info)
         sub = Subscriber(self.client_queue_events)
         live.subscribers.add(sub)
         try:
             last = after
             while True:  # backlog, in pages
-                page = await asyncio.to_thread(self.log.events, info.id, after=last, limit=1000)
+                page = await asyncio.to_thread(self.log.events_stored, info.id, after=last, limit=1000)
                 for e in page:
                     yield e
                     last = e.seq
@@ -490,7 +507,6 @@ class Hub:
         finally:
             live.subscribers.discard(sub)
             await self._evict_if_unused(live)
-
 
     @staticmethod
     def _release_index(session: Session) -> None:

@@ -38,7 +38,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from agent.events import Event, event_from_json
-from backend.db.log import EventStore, SessionLog, now
+from backend.db.log import SessionLog, now
+from backend.db.writer import EventStore
 from backend.db.models import RlIterationRow, RlRunRow
 from tools.blobs import BlobStore
 from tools.snapshots import Snapshot, SnapshotError

@@ -6,7 +6,7 @@ A run is recorded where ``flywheel serve`` keeps its log (``--db`` /
 like a server's: owner :data:`RUN_OWNER` (the name of the staff token
 ``flywheel serve`` creates on a loopback address), its starting snapshot (the
 manifest in the log, the file bytes copied into the server's workspace store),
-every event through the server's :class:`backend.db.log.EventWriter` (each
+every event through the server's :class:`backend.db.writer.EventWriter` (each
 committed before it is shown), and its status (``running``, then ``idle``). So
 ``flywheel sessions list|show|export`` show it with no server, and
 ``flywheel replay`` (a server on the same data directory) views, re-executes
@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 from agent.events import Event
 
 if TYPE_CHECKING:
-    from backend.db.log import EventWriter, SessionLog
+    from backend.db.log import SessionLog
+    from backend.db.writer import EventWriter
     from backend.settings import Settings
     from tools.workspace import Workspace, WorkspaceStore
 
@@ -112,7 +113,7 @@ class RunRecorder:
         """Create the session (status ``running``) and take its lock."""
         import fcntl
 
-        from backend.db.log import EventWriter
+        from backend.db.writer import EventWriter
 
         path = _lock_path(self.settings.data_dir, self.session_id)
         path.parent.mkdir(parents=True, exist_ok=True)

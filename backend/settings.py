@@ -190,6 +190,8 @@ class Settings(LocalSettings):
         "(embeddings cached in data_dir/index, shared by all workspaces)")
     client_queue_events: int = Field(2048, ge=16, description="per-client buffer before a slow client is dropped")
     max_sessions_running: int = Field(256, ge=1)
+    max_sockets_per_token: int = Field(32, ge=1, description="WebSockets one token may hold open at a time "
+                                       "(more are refused with 429)")
 
     @field_validator("allowed_roots", mode="after")
     @classmethod

@@ -24,9 +24,12 @@ class Server(ServerProcess):
     this only adapts the constructor.
     """
 
-    def __init__(self, data_dir: Path, allow_root: Path, logs: Path, *, port: int = 0, name: str = "server"):
+    def __init__(self, data_dir: Path, allow_root: Path, logs: Path, *, port: int = 0, name: str = "server",
+                 env: dict[str, str] | None = None):
+        # one token drives every session of a benchmark: lift the per-token socket cap (32)
         super().__init__(data_dir=data_dir, allow_roots=[allow_root], port=port, log_dir=logs / name,
-                         start_timeout=60.0, env={"PYTHONUNBUFFERED": "1"})
+                         start_timeout=60.0,
+                         env={"PYTHONUNBUFFERED": "1", "FLYWHEEL_MAX_SOCKETS_PER_TOKEN": "4096", **(env or {})})
 
     def start(self, timeout: float | None = None) -> Server:
         super().start()

@@ -25,7 +25,8 @@ from _common import median, write_result
 
 from agent.events import AssistantDelta, ErrorEvent, Event, ToolResultEvent, event_to_json
 from backend.db.engine import make_engine, migrate
-from backend.db.log import EventWriter, SessionLog
+from backend.db.log import SessionLog
+from backend.db.writer import EventWriter
 
 
 def per_event_us(build, repeat: int = 2000) -> float:  # type: ignore[no-untyped-def]
@@ -79,7 +80,7 @@ async def write_all(n: int, bad_every: int | None, kind: str = "unserialisable")
         stored = len(log.all_events(sid))
         engine.dispose()
     return {"events_per_s": round(n / elapsed), "commits": writer.commits, "stored": stored,
-            "stand_ins": sum(isinstance(r, ErrorEvent) for r in results)}
+            "stand_ins": sum(isinstance(r.event, ErrorEvent) for r in results)}
 
 
 def main() -> None:

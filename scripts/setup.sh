@@ -79,4 +79,14 @@ if [ $want_test = 1 ]; then
   fi
 fi
 # --- end ACP test client ---
+# --- strace (issue 12): tests/tools/test_spawn.py checks each pipe descriptor is closed once ---
+if [ $want_test = 1 ] && ! command -v strace >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing strace with apt-get (for the spawn test)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq strace >/dev/null
+  else
+    say "WARNING: strace is missing: one spawn test will be skipped (apt-get install strace)"
+  fi
+fi
+# --- end strace ---
 say "ready"

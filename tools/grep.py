@@ -13,12 +13,15 @@ import json
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.base import WHOLE_TREE, ParamSpec, ParamType, Resources, ToolContext, ToolError, ToolResult, ToolSpec
 from tools.argv import ArgvError, check_arg
 from tools.paths import stat_beneath
 from tools.ripgrep import list_files, run_rg
+
+if TYPE_CHECKING:
+    from tools.protocols import Workspace
 
 MAX_MATCHES = 200
 MAX_OUTPUT_BYTES = 64 << 10
@@ -72,8 +75,7 @@ class Grep:
         except ArgvError as exc:
             raise ToolError(str(exc)) from None
         ws = ctx.workspace
-        real = await asyncio.to_thread(ws.real_path, path)
-        mode = (await asyncio.to_thread(stat_beneath, ws.root, real)).st_mode
+        real, mode = await asyncio.to_thread(_resolve, ws, path)  # one thread hop for both
         is_dir = stat.S_ISDIR(mode)
         if not is_dir and not stat.S_ISREG(mode):
             raise ToolError(f"path {path} is not a regular file or directory (a FIFO, socket or device): "
@@ -172,3 +174,9 @@ def _text(obj: Mapping[str, Any]) -> str:
     if "text" in obj:
         return str(obj["text"])
     return base64.b64decode(obj.get("bytes", "")).decode("utf-8", "replace")
+
+
+def _resolve(ws: Workspace, path: str) -> tuple[str, int]:
+    """``path``'s real path inside the workspace and its mode (``stat_beneath``: no escaping)."""
+    real = ws.real_path(path)
+    return real, stat_beneath(ws.root, real).st_mode

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.base import (
     MAX_RESULT_BYTES,
@@ -19,6 +19,10 @@ from tools.base import (
 )
 from tools.paths import display_path
 from tools.treewalk import short_path
+
+if TYPE_CHECKING:
+    from tools.protocols import Workspace
+    from tools.workspace import DirEntryInfo
 
 MAX_ENTRIES = 1000
 MAX_TARGET_CHARS = 200
@@ -48,10 +52,7 @@ class ListDir:
 
     async def run(self, args: Mapping[str, Any], ctx: ToolContext) -> ToolResult:
         path: str = args.get("path") or "."
-        ws = ctx.workspace
-        if await asyncio.to_thread(ws.exists, path) and not await asyncio.to_thread(ws.is_dir, path):
-            raise ToolError(f"{path} is a file, not a directory (use read_file)")
-        entries = await asyncio.to_thread(ws.listdir, path)
+        entries = await asyncio.to_thread(_entries, ctx.workspace, path)  # one thread hop for the checks and the listing
         rows: list[str] = []
         size = 0
         for e in entries[:MAX_ENTRIES]:
@@ -73,3 +74,9 @@ class ListDir:
             rows.append(f"[... {len(entries) - len(rows)} more entries not shown "
                         f"({len(entries)} in total); list a subdirectory or use glob to narrow down]")
         return ToolResult(True, "\n".join(rows) + "\n", data={"count": len(entries), "truncated": truncated})
+
+
+def _entries(ws: Workspace, path: str) -> list[DirEntryInfo]:
+    if ws.exists(path) and not ws.is_dir(path):
+        raise ToolError(f"{path} is a file, not a directory (use read_file)")
+    return ws.listdir(path)

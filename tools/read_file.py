@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tools.base import MAX_RESULT_BYTES, ParamSpec, ParamType, Resources, ToolContext, ToolError, ToolResult, ToolSpec
 from tools.diffs import is_binary, split_lines
 from tools.paths import resource_key
+
+if TYPE_CHECKING:
+    from tools.protocols import Workspace
 
 MAX_LINES = 2000
 MAX_OUTPUT_BYTES = MAX_RESULT_BYTES - (4 << 10)  # room for the notes under the executor's cap
@@ -49,11 +52,7 @@ class ReadFile:
             raise ToolError(f"start_line must be >= 1 (got {start})")
         if end is not None and end < start:
             raise ToolError(f"end_line ({end}) is before start_line ({start})")
-        size = await asyncio.to_thread(ctx.workspace.file_size, path)
-        if size > MAX_FILE_BYTES:
-            raise ToolError(f"{path} is {size} bytes, larger than read_file's {MAX_FILE_BYTES >> 20} MiB "
-                            "limit; use grep to find the lines you need")
-        data = await asyncio.to_thread(ctx.workspace.read_bytes, path, limit=MAX_FILE_BYTES + 1)
+        data = await asyncio.to_thread(_read, ctx.workspace, path)  # one thread hop for both steps
         if len(data) > MAX_FILE_BYTES:
             raise ToolError(
                 f"{path} is larger than {MAX_FILE_BYTES >> 20} MiB; use grep to find the lines you need"
@@ -62,6 +61,14 @@ class ReadFile:
             return ToolResult(True, f"{path}: binary file, {len(data)} bytes (not shown)",
                               data={"binary": True, "size": len(data)})
         return _render(path, data.decode("utf-8"), start, end)
+
+
+def _read(ws: Workspace, path: str) -> bytes:
+    size = ws.file_size(path)
+    if size > MAX_FILE_BYTES:
+        raise ToolError(f"{path} is {size} bytes, larger than read_file's {MAX_FILE_BYTES >> 20} MiB "
+                        "limit; use grep to find the lines you need")
+    return ws.read_bytes(path, limit=MAX_FILE_BYTES + 1)
 
 
 def _render(path: str, text: str, start: int, end: int | None) -> ToolResult:

@@ -9,7 +9,8 @@ searched (``.git`` itself is skipped); symlinks are never followed.
 Bounds on every run: arguments are checked first (:func:`tools.argv.check_arg`:
 no NUL bytes, at most 128 KiB each, refused with a clear message); at most
 :data:`MAX_CONCURRENT` ripgrep processes run at once per event loop (more
-wait their turn); each has :data:`RG_TIMEOUT_S` of wall time and an address
+wait their turn; they are started without forking the server,
+:mod:`tools.spawn`); each has :data:`RG_TIMEOUT_S` of wall time and an address
 space of :data:`RG_MEMORY_BYTES` (plus ripgrep's own regex size limits); the
 workspace's host path is replaced by ``.`` in what ripgrep prints on stderr.
 Directory walks skip FIFOs, sockets and devices (ripgrep searches only
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 
 from tools.argv import ArgvError, check_arg
 from tools.base import ToolError
+from tools.spawn import spawn_piped
 
 RG_TIMEOUT_S = 30.0
 RG_MEMORY_BYTES = 2 << 30
@@ -76,12 +78,23 @@ def scrub(text: str, root: str | os.PathLike[str]) -> str:
     return text
 
 
+_FOUND: dict[str, str] = {}  # PATH -> where rg was found on it
+
+
 def rg_binary() -> str:
-    """Path of the ``rg`` executable; a ToolError saying how to install it if missing."""
-    path = shutil.which("rg")
+    """Path of the ``rg`` executable; a ToolError saying how to install it if missing.
+
+    Remembered per ``PATH`` once found (the search stats every ``PATH`` entry, and
+    a server runs ripgrep for every ``grep``); a miss is never remembered."""
+    key = os.environ.get("PATH", "")
+    path = _FOUND.get(key) or shutil.which("rg")
     if path is None:
-        raise ToolError("ripgrep (rg) is not installed: apt-get install ripgrep")
+        raise ToolError(_RG_MISSING)
+    _FOUND[key] = path
     return path
+
+
+_RG_MISSING = "ripgrep (rg) is not installed: apt-get install ripgrep"
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,14 +131,16 @@ async def _run_rg(
     args: list[str], cwd: str | os.PathLike[str], on_line: Callable[[bytes], None], timeout: float
 ) -> RgExit:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RIPGREP_")}
-    proc = await asyncio.create_subprocess_exec(
-        rg_binary(), *BASE_FLAGS, *args, cwd=os.fspath(cwd), env=env,
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    binary = rg_binary()
+    try:
+        proc = await spawn_piped([binary, *BASE_FLAGS, *args], cwd=os.fspath(cwd), env=env)
+    except FileNotFoundError:
+        if not os.path.exists(binary):  # removed since it was found
+            _FOUND.clear()
+            raise ToolError(_RG_MISSING) from None
+        raise
     with contextlib.suppress(OSError):  # it may already have exited
         resource.prlimit(proc.pid, resource.RLIMIT_AS, (RG_MEMORY_BYTES, RG_MEMORY_BYTES))
-    assert proc.stdout is not None and proc.stderr is not None
     stdout, stderr = proc.stdout, proc.stderr
     dropped = 0
 
@@ -167,9 +182,9 @@ async def _run_rg(
         ) from None
     finally:
         if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            proc.kill()
             await proc.wait()
+        proc.close()
     return RgExit(rc, scrub(err.decode("utf-8", "replace").strip(), cwd), dropped)
 
 

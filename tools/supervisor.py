@@ -159,7 +159,7 @@ async def supervise(
                 overflow.set_result(None)
 
     loop.add_reader(fd, on_readable)
-    exit_watch = _ExitWatch(loop, proc)
+    exit_watch = ExitWatch(loop, proc)
     timed_out = overflow_hit = False
     end: float | None = None
     try:
@@ -193,7 +193,7 @@ async def supervise(
     )
 
 
-class _ExitWatch:
+class ExitWatch:
     """Resolves when the launcher exits (pidfd; polling where pidfd is missing).
 
     The launcher is not reaped until teardown, so its pid (and process group
@@ -252,7 +252,7 @@ def _signal_tree(
 
 
 async def _kill_and_reap(
-    proc: subprocess.Popen[bytes], group: CgroupGroup | None, exit_watch: _ExitWatch
+    proc: subprocess.Popen[bytes], group: CgroupGroup | None, exit_watch: ExitWatch
 ) -> None:
     deadline = time.monotonic() + _REAP_DEADLINE_S
     delay = 0.0005  # dying processes linger in cgroup.procs for a moment: back off
@@ -269,7 +269,7 @@ async def _kill_and_reap(
 
 
 def _teardown_sync(
-    proc: subprocess.Popen[bytes], group: CgroupGroup | None, exit_watch: _ExitWatch
+    proc: subprocess.Popen[bytes], group: CgroupGroup | None, exit_watch: ExitWatch
 ) -> None:
     """Kill and reap synchronously: runs on every exit path, cancellation included."""
     deadline = time.monotonic() + _REAP_DEADLINE_S

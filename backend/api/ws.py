@@ -19,15 +19,22 @@ queue overflowed, or one send blocked for ``send_stall_s``; reconnect with
 binary message, 1001 the server is shutting down, 4410 the workspace went
 away, 1011 an internal error. 1000 is used only when the client closed first.
 
+Each event is sent as the JSON line the log stores (``backend.db.log.StoredEvent``),
+encoded once when it was committed: every subscriber of a session gets the same
+text. Messages are not compressed (the server offers no permessage-deflate:
+events are small, and compressing each one cost more CPU than it saved).
+
 Not guaranteed: the close reaches a client that has stopped reading. TCP
 delivers it after everything already buffered for that client, so a client
 that reads nothing sees the connection end only when the server's keepalive
 gives up (uvicorn: about 20 s after an unanswered ping). A client that pings
 (the ``websockets`` library does by default) may time its own ping out behind
 a deep backlog and report 1006 on its side; clients that read slowly should
-ping less eagerly. The message-size limit is checked here, after the server
-has read the message: the ASGI server's own limit (uvicorn ``ws_max_size``,
-which the CLI sets to :data:`MAX_MESSAGE_BYTES`) is what bounds memory.
+ping less eagerly. A blocked send is noticed up to a quarter of
+``send_stall_s`` late (one timer per socket, not one per send). The
+message-size limit is checked here, after the server has read the message:
+the ASGI server's own limit (uvicorn ``ws_max_size``, which the CLI sets to
+:data:`MAX_MESSAGE_BYTES`) is what bounds memory.
 """
 
 from __future__ import annotations
@@ -47,7 +54,6 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
-from agent.events import event_to_json
 from backend.api.deps import AppState, can_access
 from backend.hub import HubError, SlowClient
 
@@ -168,22 +174,26 @@ async def _serve(ws: WebSocket, state: AppState, info: Any, after: int) -> None:
     session_id = info.id
     send_lock = asyncio.Lock()
     sent = after  # the last seq this client was sent in full
+    sending_since: float | None = None  # loop time the send in progress began
+    loop = asyncio.get_running_loop()
     background: set[asyncio.Task[Any]] = set()
     ending: list[_Closing] = []
 
     async def send(text: str) -> None:
+        nonlocal sending_since
         async with send_lock:
-            await ws.send_text(text)
+            sending_since = loop.time()
+            try:
+                await ws.send_text(text)
+            finally:
+                sending_since = None
 
     async def pump_events() -> None:
         nonlocal sent
         try:
-            async for event in hub.stream(info, after):
-                try:
-                    async with asyncio.timeout(hub.send_stall_s):
-                        await send(event_to_json(event))
-                except TimeoutError:
-                    raise SlowClient(sent) from None
+            # the JSON line the log holds, encoded once for every subscriber
+            async for event in hub.stream_stored(info, after):
+                await send(event.json)
                 sent = event.seq
         except SlowClient:
             raise _Closing(CLOSE_SLOW, f"client fell too far behind; reconnect with after={sent}") from None
@@ -191,9 +201,21 @@ async def _serve(ws: WebSocket, state: AppState, info: Any, after: int) -> None:
             raise _Closing(CLOSE_GONE if exc.status == 410 else CLOSE_INTERNAL, str(exc)) from None
         raise _Closing(CLOSE_GOING_AWAY, f"the server is shutting down; reconnect with after={sent}")
 
+    async def watch_sends() -> None:
+        # One timer per socket instead of one per send: a send blocked for send_stall_s
+        # (within a quarter of it) ends the connection as too slow.
+        stall = hub.send_stall_s
+        while True:
+            await asyncio.sleep(stall / 4)
+            since = sending_since
+            if since is not None and loop.time() - since >= stall:
+                raise _Closing(CLOSE_SLOW, f"client fell too far behind; reconnect with after={sent}")
+
     async def handle(msg: Any) -> None:
         kind = msg.get("type") if isinstance(msg, dict) else None
-        current = await asyncio.to_thread(state.log.get_session, session_id) or info
+        # A live session's hub state is current (a cancel marks it); otherwise read the log.
+        live = hub.live.get(session_id)
+        current = live.info if live is not None else await asyncio.to_thread(state.log.get_session, session_id) or info
         if kind == "user_message" and isinstance(msg.get("text"), str) and msg["text"]:
             await hub.send(current, msg["text"])
         elif kind == "interrupt":
@@ -242,6 +264,7 @@ async def _serve(ws: WebSocket, state: AppState, info: Any, after: int) -> None:
     async with anyio.create_task_group() as group:
         group.start_soon(until_done, pump_events, group)
         group.start_soon(until_done, read_commands, group)
+        group.start_soon(until_done, watch_sends, group)
     if ws.application_state is WebSocketState.CONNECTED and ws.client_state is WebSocketState.CONNECTED:
         end = ending[0] if ending else _Closing(CLOSE_NORMAL, "")
         with contextlib.suppress(RuntimeError):

@@ -1,27 +1,22 @@
 """The session log: sessions, append-only events, snapshots, tokens.
 
-All methods are synchronous and thread-safe (one SQLAlchemy session per
-call). The server calls them from worker threads; event appends go through
-:class:`EventWriter`, one thread that commits whatever is queued in a single
-transaction (group commit) and only then reports each event as durable.
+All methods are synchronous and thread-safe (one connection per call). The
+server calls them from worker threads; event appends go through
+:class:`backend.db.writer.EventWriter`, one thread that commits whatever is
+queued in a single transaction (group commit) and only then reports each
+event as durable.
 
-Two kinds of append failure are kept apart:
+Events are stored as their JSON line (:func:`agent.events.event_to_json`, the
+row's ``body``), encoded once: :class:`StoredEvent` carries that line to every
+reader -- the WebSocket sends it as it is, live or from the backlog, so all
+subscribers get the same text the log holds. Appends and the hot reads use
+SQLAlchemy Core (one ``executemany`` per table and batch), not ORM objects.
 
-* **a bad event** -- one that cannot be serialised (only possible for an
-  event built with ``model_construct``; see ``agent.events``) or that the
-  database refuses as a row (an integrity or data error). It never costs
-  another event: it is stored as an ``error`` event with the same ``seq``,
-  ``session_id``, ``turn`` and ``ts`` (its ``message`` says which event was
-  replaced and why), and every other event of the batch is committed. Only if
-  that stand-in is refused too (e.g. its session does not exist) does its
-  waiter get :class:`EventRejected`.
-* **a database failure** -- ``OperationalError``/``InterfaceError`` or a
-  lost connection (disk full, database locked past the busy timeout, server
-  gone). The writer retries the batch :data:`DB_RETRIES` times with a short
-  backoff; if it still fails, nothing of the batch is committed and every
-  waiter gets :class:`LogUnavailable` (the server decides: the session's
-  turn ends in error). The ``seq`` numbers of those events stay unused, so
-  the stored stream has a gap there.
+A bad event -- one that cannot be serialised (only possible for an event built
+with ``model_construct``; see ``agent.events``) -- is stored as its
+:func:`stand_in`, an ``error`` event with the same ``seq``, ``session_id``,
+``turn`` and ``ts``; a row the database refuses raises, and the writer
+isolates it (``backend.db.writer``).
 
 Not guaranteed: an OS crash (not a killed process) with SQLite
 ``synchronous=NORMAL`` may lose the last transactions; that is SQLite's
@@ -30,21 +25,17 @@ documented trade-off for WAL mode.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import math
-import queue
 import secrets
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, select, update
-from sqlalchemy.exc import DBAPIError, DisconnectionError, IntegrityError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy import Engine, String, bindparam, case, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
 from agent.events import ErrorEvent, Event, event_from_json, event_to_json
@@ -53,9 +44,21 @@ from backend.db.models import EventRow, SessionRow, SnapshotRow, TokenRow
 from tools.snapshots import Snapshot
 
 ROLES = ("user", "staff")
-DB_RETRIES = 2
-"""How often :class:`EventWriter` retries a batch after a database failure (backoff 0.05 s, then 0.25 s)."""
-_BACKOFF_S = (0.05, 0.25)
+
+_EVENTS = EventRow.__table__
+_SESSIONS = SessionRow.__table__
+_INSERT_EVENT = insert(_EVENTS)
+# One row per session of a batch (executemany); bind names differ from the column names.
+# ``new_status`` NULL keeps the status; a cancelled session stays cancelled.
+_ADVANCE_SESSION = (
+    update(_SESSIONS).where(_SESSIONS.c.id == bindparam("sid"))
+    .values(last_seq=bindparam("upto"), turns=bindparam("turn_no"),
+            output_tokens=_SESSIONS.c.output_tokens + bindparam("tokens"), updated_at=bindparam("at"),
+            status=case((_SESSIONS.c.status == "cancelled", _SESSIONS.c.status),
+                        else_=func.coalesce(bindparam("new_status", type_=String), _SESSIONS.c.status)))
+)
+TURN_STATUS = {"user_message": "running", "turn_started": "running", "turn_end": "idle"}
+"""The session status an event sets, committed with it (a cancelled session stays cancelled)."""
 
 
 def now() -> datetime:
@@ -104,7 +107,8 @@ class SessionInfo:
     rl_status: str | None = None
 
     @classmethod
-    def of(cls, row: SessionRow) -> SessionInfo:
+    def of(cls, row: Any) -> SessionInfo:
+        """From a ``SessionRow`` or a Core row of the ``sessions`` table."""
         return cls(**{f: getattr(row, f) for f in cls.__dataclass_fields__})
 
     def public(self) -> dict[str, Any]:
@@ -187,9 +191,9 @@ class SessionLog:
             return SessionInfo.of(row)
 
     def get_session(self, session_id: str) -> SessionInfo | None:
-        with DbSession(self.engine) as db:
-            row = db.get(SessionRow, session_id)
-            return SessionInfo.of(row) if row else None
+        with self.engine.connect() as conn:
+            row = conn.execute(select(_SESSIONS).where(_SESSIONS.c.id == session_id)).first()
+        return SessionInfo.of(row) if row is not None else None
 
     def list_sessions(
         self, *, owner: str | None = None, status: str | None = None, since: datetime | None = None,
@@ -214,8 +218,8 @@ class SessionLog:
             return [SessionInfo.of(r) for r in db.scalars(q)]
 
     def set_status(self, session_id: str, status: str) -> None:
-        with DbSession(self.engine) as db, db.begin():
-            db.execute(update(SessionRow).where(SessionRow.id == session_id).values(status=status, updated_at=now()))
+        with self.engine.begin() as conn:
+            conn.execute(update(_SESSIONS).where(_SESSIONS.c.id == session_id).values(status=status, updated_at=now()))
 
     def set_rl_outcome(self, session_id: str, *, reward: float | None, status: str) -> None:
         """Record an RL rollout's reward and :class:`rl.types.RolloutStatus` on its session."""
@@ -237,31 +241,48 @@ class SessionLog:
         An event that cannot be serialised is stored as its :func:`stand_in`
         (the returned list holds the stand-in in its place); the others are
         unaffected. A row the database refuses raises (``IntegrityError`` ...)
-        and nothing is committed: :class:`EventWriter` isolates such rows.
+        and nothing is committed: :class:`backend.db.writer.EventStore` isolates
+        such rows. Each session's row advances in the same transaction: last
+        ``seq``, turns, output tokens, and the status of :data:`TURN_STATUS`
+        (a turn's first event sets running, ``turn_end`` idle; a cancelled
+        session stays cancelled).
         """
+        return [s.event for s in self.append_stored(events)]
+
+    def append_stored(self, events: Sequence[Event]) -> list[StoredEvent]:
+        """:meth:`append`, returning each stored event with its JSON line (the row's body)."""
         if not events:
             return []
-        rows = [_serialised(e) for e in events]
-        latest: dict[str, tuple[int, int, int]] = {}
-        with DbSession(self.engine) as db, db.begin():
-            for e, body in rows:
-                db.add(EventRow(session_id=e.session_id, seq=e.seq, type=e.type, turn=e.turn, ts=e.ts, body=body))
-                seq, turn, tokens = latest.get(e.session_id, (0, 0, 0))
-                tokens += getattr(e, "output_tokens", 0) if e.type == "assistant_message" else 0
-                latest[e.session_id] = (max(seq, e.seq), max(turn, e.turn), tokens)
-            for sid, (seq, turn, tokens) in latest.items():
-                db.execute(
-                    update(SessionRow).where(SessionRow.id == sid).values(
-                        last_seq=seq, turns=turn, output_tokens=SessionRow.output_tokens + tokens, updated_at=now()
-                    )
-                )
-        return [e for e, _ in rows]
+        stored = [_serialised(e) for e in events]
+        rows = []
+        latest: dict[str, tuple[int, int, int, str | None]] = {}
+        for s in stored:
+            e = s.event
+            rows.append({"session_id": e.session_id, "seq": e.seq, "type": e.type, "turn": e.turn, "ts": e.ts,
+                         "body": s.json})
+            seq, turn, tokens, status = latest.get(e.session_id, (0, 0, 0, None))
+            tokens += getattr(e, "output_tokens", 0) if e.type == "assistant_message" else 0
+            if e.seq >= seq:
+                status = TURN_STATUS.get(e.type, status)
+            latest[e.session_id] = (max(seq, e.seq), max(turn, e.turn), tokens, status)
+        at = now()
+        with self.engine.begin() as conn:
+            conn.execute(_INSERT_EVENT, rows)
+            conn.execute(_ADVANCE_SESSION, [
+                {"sid": sid, "upto": seq, "turn_no": turn, "tokens": tokens, "at": at, "new_status": status}
+                for sid, (seq, turn, tokens, status) in latest.items()])
+        return stored
 
     def events(self, session_id: str, *, after: int = 0, limit: int = 1000) -> list[Event]:
-        q = (select(EventRow.body).where(EventRow.session_id == session_id, EventRow.seq > after)
-             .order_by(EventRow.seq).limit(limit))
-        with DbSession(self.engine) as db:
-            return [event_from_json(body) for body in db.scalars(q)]
+        return [s.event for s in self.events_stored(session_id, after=after, limit=limit)]
+
+    def events_stored(self, session_id: str, *, after: int = 0, limit: int = 1000) -> list[StoredEvent]:
+        """Events with ``seq > after``, in order, as stored (the JSON line; parsed only when
+        ``.event`` is read)."""
+        q = (select(_EVENTS.c.seq, _EVENTS.c.body).where(_EVENTS.c.session_id == session_id, _EVENTS.c.seq > after)
+             .order_by(_EVENTS.c.seq).limit(limit))
+        with self.engine.connect() as conn:
+            return [StoredEvent(seq, body) for seq, body in conn.execute(q)]
 
     def all_events(self, session_id: str) -> list[Event]:
         out: list[Event] = []
@@ -270,6 +291,31 @@ class SessionLog:
             out += page
             if len(page) < 5000:
                 return out
+
+
+class StoredEvent:
+    """An event as the log holds it: its ``seq`` and JSON line (``event_to_json``, the
+    row's body, what clients are sent), and the event itself -- given when it was just
+    written, else parsed from the line the first time :attr:`event` is read.
+
+    Not guaranteed: a line written by an older version parses with today's defaults
+    for fields it lacks, so ``event`` may hold fields the line does not."""
+
+    __slots__ = ("seq", "json", "_event")
+
+    def __init__(self, seq: int, json: str, event: Event | None = None) -> None:
+        self.seq = seq
+        self.json = json
+        self._event = event
+
+    @property
+    def event(self) -> Event:
+        if self._event is None:
+            self._event = event_from_json(self.json)
+        return self._event
+
+    def __repr__(self) -> str:
+        return f"StoredEvent(seq={self.seq}, json={self.json[:80]!r})"
 
 
 def stand_in(event: Event, why: str) -> ErrorEvent:
@@ -282,173 +328,9 @@ def stand_in(event: Event, why: str) -> ErrorEvent:
     )
 
 
-def _serialised(event: Event) -> tuple[Event, str]:
+def _serialised(event: Event) -> StoredEvent:
     try:
-        return event, event_to_json(event)
+        return StoredEvent(event.seq, event_to_json(event), event)
     except (ValueError, TypeError) as exc:  # PydanticSerializationError is a ValueError
         replacement = stand_in(event, f"{type(exc).__name__}: {exc}")
-        return replacement, event_to_json(replacement)
-
-
-class EventRejected(Exception):
-    """Neither the event nor an ``error`` event in its place could be stored
-    (e.g. its session is not in the log). No other event is affected."""
-
-
-class LogUnavailable(Exception):
-    """The database failed (disk full, connection lost, locked too long); the
-    events of that batch were not stored. The message names the cause."""
-
-
-def _why(exc: BaseException) -> str:
-    # SQLAlchemy's own message repeats the SQL and every parameter (the event
-    # bodies): name the driver's error only.
-    orig = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
-    return f"{type(orig).__name__}: {str(orig)[:500]}"
-
-
-def is_database_failure(exc: BaseException) -> bool:
-    """True for a failure of the database itself rather than of one row."""
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError))
-
-
-class EventStore:
-    """The synchronous core of :class:`EventWriter`: commit a batch with retries on a
-    database failure and bisection around bad events (stored as stand-ins).
-
-    :meth:`store` runs on the caller's thread (e.g. ``backend.rl_log``, which
-    persists a finished rollout's events in one call); :class:`EventWriter`
-    calls the same code from its thread.
-    """
-
-    def __init__(self, log: SessionLog) -> None:
-        self.log = log
-        self.commits = 0
-        self.replaced = 0  # bad events stored as error events
-
-    def store(self, events: Sequence[Event]) -> list[Event]:
-        """Commit ``events``; return what was stored (stand-ins in place of bad events).
-
-        Raises the first :class:`LogUnavailable` or :class:`EventRejected`; the
-        events not affected by it are committed all the same.
-        """
-        results = self._store(list(events))
-        for r in results:
-            if isinstance(r, BaseException):
-                raise r
-        return results  # type: ignore[return-value]
-
-    def _store(self, events: list[Event]) -> list[Event | BaseException]:
-        """Commit ``events``; isolate the bad ones by bisection. One result per event."""
-        try:
-            stored = self._append_retrying(events)
-        except LogUnavailable as exc:
-            return [exc] * len(events)
-        except Exception as exc:  # one or more rows refused
-            if len(events) > 1:
-                mid = len(events) // 2
-                first = self._store(events[:mid])
-                if any(isinstance(r, LogUnavailable) for r in first):  # the database went away meanwhile
-                    return first + [next(r for r in first if isinstance(r, LogUnavailable))] * (len(events) - mid)
-                return first + self._store(events[mid:])
-            return [self._store_stand_in(events[0], exc)]
-        return list(stored)
-
-    def _store_stand_in(self, event: Event, cause: Exception) -> Event | BaseException:
-        replacement = stand_in(event, f"the database refused it: {_why(cause)}")
-        try:
-            stored = self._append_retrying([replacement])
-        except LogUnavailable as exc:
-            return exc
-        except Exception as exc:
-            return EventRejected(f"event seq {event.seq} ({event.type}) of session {event.session_id!r} could not "
-                                 f"be stored, nor an error event in its place: {_why(exc)}")
-        self.replaced += 1
-        return stored[0]
-
-    def _append_retrying(self, events: list[Event]) -> list[Event]:
-        for attempt in range(DB_RETRIES + 1):
-            try:
-                stored = self.log.append(events)
-            except Exception as exc:
-                if not is_database_failure(exc):
-                    raise
-                if attempt == DB_RETRIES:
-                    raise LogUnavailable(f"the session log is unavailable ({_why(exc)}); "
-                                         f"{len(events)} event(s) were not stored") from exc
-                time.sleep(_BACKOFF_S[min(attempt, len(_BACKOFF_S) - 1)])
-            else:
-                self.commits += 1
-                self.replaced += sum(a is not b for a, b in zip(events, stored, strict=True))
-                return stored
-        raise AssertionError("unreachable")
-
-
-class EventWriter(EventStore):
-    """One thread that appends events with group commit.
-
-    ``await writer.append(event)`` returns the stored event once it is
-    committed: ``event`` itself, or its :func:`stand_in` if ``event`` was bad
-    (see the module docstring). Events queued while a commit is in flight go
-    into the next transaction together, so throughput grows with load instead
-    of collapsing. A bad event is found by splitting the failed batch in
-    halves (a few extra transactions per bad event, none for good batches).
-
-    Raises :class:`LogUnavailable` (database failure, after retries) or
-    :class:`EventRejected` (this event and its stand-in both refused).
-    """
-
-    def __init__(self, log: SessionLog, *, max_batch: int = 512):
-        super().__init__(log)
-        self.max_batch = max_batch
-        self._q: queue.SimpleQueue[tuple[Event, asyncio.Future[Event], asyncio.AbstractEventLoop] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread = threading.Thread(target=self._loop, name="flywheel-event-writer", daemon=True)
-        self._thread.start()
-
-    async def append(self, event: Event) -> Event:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Event] = loop.create_future()
-        self._q.put((event, fut, loop))
-        return await fut
-
-    def close(self) -> None:
-        self._q.put(None)
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            batch = [item]
-            stop = False
-            while len(batch) < self.max_batch:
-                try:
-                    nxt = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
-            try:
-                results = self._store([e for e, _, _ in batch])
-            except BaseException as exc:  # a bug here must not leave a waiter hanging
-                results = [exc] * len(batch)
-            for (_, fut, loop), result in zip(batch, results, strict=True):
-                loop.call_soon_threadsafe(_settle, fut, result)
-            if stop:
-                return
-
-
-def _settle(fut: asyncio.Future[Event], result: Event | BaseException) -> None:
-    if fut.done():
-        return
-    if isinstance(result, BaseException):
-        fut.set_exception(result)
-    else:
-        fut.set_result(result)
+        return StoredEvent(replacement.seq, event_to_json(replacement), replacement)

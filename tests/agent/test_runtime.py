@@ -115,7 +115,8 @@ def test_cli_hub_and_replay_send_the_model_the_same_prompt(src: Path, tmp_path: 
     """flywheel run, a hub session and a hub branch (replay, then continue) over the same
     parts (a sandbox, no index) send byte-identical requests to the same model server."""
     from backend.db.engine import make_engine, migrate
-    from backend.db.log import EventWriter, SessionLog
+    from backend.db.log import SessionLog
+    from backend.db.writer import EventWriter
     from backend.hub import Hub
     from backend.policies import PolicyFactory
 

@@ -9,7 +9,8 @@ import pytest
 
 from agent.events import AssistantDelta
 from backend.db.engine import make_engine, migrate
-from backend.db.log import EventWriter, SessionLog
+from backend.db.log import SessionLog
+from backend.db.writer import EventWriter
 from backend.hub import Hub, SlowClient
 from backend.policies import PolicyFactory
 from tools.workspace import WorkspaceStore

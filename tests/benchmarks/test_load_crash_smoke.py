@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.benchmark_smoke, pytest.mark.timeout(60)]
 
 
-def run_quick(script: str, results: Path) -> dict:
+def run_quick(script: str, results: Path, *args: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--timeout", "50"],
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--timeout", "50", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=55,
         env={**os.environ, "FLYWHEEL_BENCH_RESULTS": str(results)},
     )
@@ -35,6 +35,7 @@ def test_load_quick(tmp_path: Path) -> None:
     assert r["errors"] == 0, r["error_samples"]
     assert r["turns_completed"] == r["turns_expected"] == r["sessions"] * r["turns_per_session"]
     assert r["latency_ms"]["n"] == r["events_received"] > 0
+    assert r["server_cpu_ms_per_event"] > 0
     assert r["server_rss_mb"]["peak"] > 0
     assert r["pass"]
 

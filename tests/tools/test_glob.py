@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tools import ripgrep
 from tools.base import WHOLE_TREE, Tool, ToolContext, ToolError
 from tools.glob import MAX_RESULTS, Glob
 from tools.workspace import Workspace
@@ -73,14 +72,14 @@ async def test_cap(workspace: Workspace, ctx: ToolContext) -> None:
     assert result.data["truncated"] is True
 
 
-async def test_errors(ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_errors(ctx: ToolContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ToolError, match="error parsing glob"):
         await Glob().run({"pattern": "src/[.py"}, ctx)
     with pytest.raises(ToolError, match="is not a directory"):
         await Glob().run({"pattern": "*", "path": "README.md"}, ctx)
     with pytest.raises(ToolError, match="not found"):
         await Glob().run({"pattern": "*", "path": "nope"}, ctx)
-    monkeypatch.setattr(ripgrep.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH without rg
     with pytest.raises(ToolError, match=r"ripgrep \(rg\) is not installed: apt-get install ripgrep"):
         await Glob().run({"pattern": "*"}, ctx)
 

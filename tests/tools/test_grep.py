@@ -103,9 +103,20 @@ async def test_bad_arguments(ctx: ToolContext) -> None:
         await Grep().run({"pattern": "x", "path": "nope"}, ctx)
 
 
-async def test_rg_missing(ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ripgrep.shutil, "which", lambda name: None)
+async def test_rg_missing(ctx: ToolContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    await Grep().run({"pattern": "x"}, ctx)  # found on the real PATH (and remembered for it)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH without rg
     with pytest.raises(ToolError, match=r"ripgrep \(rg\) is not installed: apt-get install ripgrep"):
+        await Grep().run({"pattern": "x"}, ctx)
+
+
+async def test_rg_removed_after_it_was_found(ctx: ToolContext, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "rg"
+    fake.symlink_to(ripgrep.shutil.which("rg"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    await Grep().run({"pattern": "x"}, ctx)  # remembered: tmp_path/rg
+    fake.unlink()
+    with pytest.raises(ToolError, match=r"ripgrep \(rg\) is not installed"):
         await Grep().run({"pattern": "x"}, ctx)
 
 

@@ -113,6 +113,22 @@ def test_sockets_per_token_are_capped(api: Api) -> None:
     assert hub(api).sockets.open("alice") == 0
 
 
+def test_two_sockets_receive_the_lines_the_log_holds(api: Api) -> None:
+    sid = create(api, ["Looking. " + call("read_file", {"path": "app.py"}), "done"])
+    url = f"/v1/sessions/{sid}/ws"
+    with api.client.websocket_connect(url, headers=api.h("alice")) as a, \
+            api.client.websocket_connect(url, headers=api.h("alice")) as b:
+        a.send_json({"type": "user_message", "text": "go"})
+        texts = []
+        for ws in (a, b):
+            got = [ws.receive_text()]
+            while json.loads(got[-1])["type"] != "turn_end":
+                got.append(ws.receive_text())
+            texts.append(got)
+    log = api.client.app.state.flywheel.log  # type: ignore[attr-defined]
+    assert texts[0] == texts[1] == [s.json for s in log.events_stored(sid)]  # byte for byte
+
+
 def close_code(ws: Any) -> tuple[int, str]:
     with pytest.raises(WebSocketDisconnect) as exc:
         while True:

@@ -1,29 +1,15 @@
-"""The session log's writer: a bad event never costs another; a database failure is reported as one."""
+"""The session log: appends store a stand-in for a bad event and keep the rest; reads give the stored JSON lines."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from sqlalchemy import Engine
 
-import pytest
-from sqlalchemy import Engine, event
-
-from agent.events import AssistantDelta, ErrorEvent, Event, ToolResultEvent
-from backend.db.engine import make_engine, migrate
-from backend.db.log import EventRejected, EventWriter, LogUnavailable, SessionLog, stand_in
+from agent.events import AssistantDelta, AssistantMessage, ErrorEvent, Event, TurnEnd, TurnStarted, UserMessage, \
+    event_to_json
+from backend.db.log import SessionLog, stand_in
 
 N = 300
 BAD_SEQ = 150
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    eng = make_engine(f"sqlite:///{tmp_path / 'log.db'}")
-    migrate(eng)
-    yield eng
-    eng.dispose()
 
 
 def _make_session(log: SessionLog) -> str:
@@ -63,90 +49,49 @@ def test_append_replaces_an_unserialisable_event_and_keeps_the_rest(engine: Engi
     _assert_all_stored_with_stand_in(log, sid)
 
 
-async def _append_all(writer: EventWriter, events: list[Event]) -> list[Any]:
-    return await asyncio.wait_for(
-        asyncio.gather(*(writer.append(e) for e in events), return_exceptions=True), 30)
-
-
-async def test_writer_isolates_an_unserialisable_event_in_a_batch(engine: Engine) -> None:
-    log = SessionLog(engine)
-    sid = _make_session(log)
-    writer = EventWriter(log)
-    try:
-        results = await _append_all(writer, _events(sid, _unserialisable(sid)))
-    finally:
-        writer.close()
-    assert not any(isinstance(r, BaseException) for r in results), [r for r in results if isinstance(r, BaseException)]
-    assert isinstance(results[BAD_SEQ - 1], ErrorEvent) and results[BAD_SEQ - 1].seq == BAD_SEQ
-    _assert_all_stored_with_stand_in(log, sid)
-
-
-async def test_writer_stores_a_stand_in_for_a_row_the_database_refuses(engine: Engine) -> None:
-    # A NaN time is stored by SQLite as NULL, which the NOT NULL column refuses (an IntegrityError):
-    # a bad row, not a database failure. Its stand-in takes the current time and is stored.
-    log = SessionLog(engine)
-    sid = _make_session(log)
-    bad = ToolResultEvent(seq=BAD_SEQ, session_id=sid, turn=1, ts=float("nan"), step=1, index=0, call_id="c",
-                          name="t", ok=True, output="x")
-    writer = EventWriter(log, max_batch=N)
-    try:
-        results = await _append_all(writer, _events(sid, bad))
-    finally:
-        writer.close()
-    assert not any(isinstance(r, BaseException) for r in results)
-    assert writer.replaced == 1
-    _assert_all_stored_with_stand_in(log, sid, "tool_result")
-    assert "the database refused it: IntegrityError" in log.all_events(sid)[BAD_SEQ - 1].message
-
-
-async def test_writer_rejects_only_the_event_whose_stand_in_is_refused_too(engine: Engine) -> None:
-    log = SessionLog(engine)
-    sid = _make_session(log)
-    orphan = AssistantDelta(seq=BAD_SEQ, session_id="no-such-session", turn=1, step=1, text="x")  # foreign key
-    writer = EventWriter(log, max_batch=N)
-    try:
-        results = await _append_all(writer, _events(sid, orphan))
-    finally:
-        writer.close()
-    rejected = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
-    assert rejected == [BAD_SEQ - 1] and isinstance(results[BAD_SEQ - 1], EventRejected)
-    assert "no-such-session" in str(results[BAD_SEQ - 1])
-    assert [e.seq for e in log.all_events(sid)] == [s for s in range(1, N + 1) if s != BAD_SEQ]
-
-
-async def test_disk_full_is_a_database_failure_not_a_bad_event(engine: Engine) -> None:
-    log = SessionLog(engine)
-    sid = _make_session(log)
-    limit = {"pages": 0}
-
-    @event.listens_for(engine, "connect")
-    def _cap(dbapi_conn: Any, _record: Any) -> None:  # SQLite's own size cap: a real SQLITE_FULL
-        if limit["pages"]:
-            dbapi_conn.execute(f"PRAGMA max_page_count={limit['pages']}")
-
-    with engine.connect() as conn:
-        limit["pages"] = conn.exec_driver_sql("PRAGMA page_count").scalar() or 1
-    engine.dispose()  # new connections get the cap
-    big = [ToolResultEvent(seq=i, session_id=sid, turn=1, step=1, index=0, call_id="c", name="t", ok=True,
-                           output="y" * 20_000) for i in range(1, 21)]
-    writer = EventWriter(log)
-    try:
-        results = await _append_all(writer, big)
-        assert all(isinstance(r, LogUnavailable) for r in results), results
-        assert "database or disk is full" in str(results[0]) and "were not stored" in str(results[0])
-        assert writer.replaced == 0  # no event was blamed
-        assert log.all_events(sid) == []
-
-        limit["pages"] = 0  # space again: the same writer thread carries on
-        engine.dispose()
-        again = await _append_all(writer, big[:3])
-        assert not any(isinstance(r, BaseException) for r in again)
-    finally:
-        writer.close()
-    assert [e.seq for e in log.all_events(sid)] == [1, 2, 3]
-
-
 def test_stand_in_keeps_seq_session_turn_and_time() -> None:
     e = AssistantDelta(seq=9, session_id="s", turn=3, ts=12.5, step=1, text="x")
     s = stand_in(e, "why")
     assert (s.seq, s.session_id, s.turn, s.ts, s.type) == (9, "s", 3, 12.5, "error") and "why" in s.message
+
+
+def test_append_stored_gives_the_line_the_log_holds_and_advances_each_session(engine: Engine) -> None:
+    log = SessionLog(engine)
+    a = _make_session(log)
+    b = log.create_session(id="sess2", owner="u", source={}, workspace_id="w", base_snapshot="s0", policy={}).id
+    batch: list[Event] = [
+        AssistantDelta(seq=1, session_id=a, turn=1, step=1, text="a1"),
+        AssistantDelta(seq=1, session_id=b, turn=2, step=1, text="b1"),
+        AssistantMessage(seq=2, session_id=a, turn=1, step=1, text="a1", output_tokens=7),
+        AssistantMessage(seq=2, session_id=b, turn=2, step=1, text="b1", output_tokens=5),
+    ]
+    stored = log.append_stored(batch)
+    assert [s.event for s in stored] == batch
+    assert [s.json for s in stored] == [event_to_json(e) for e in batch]
+    log.append_stored([AssistantMessage(seq=3, session_id=a, turn=2, step=1, text="x", output_tokens=3)])
+    for sid, want in ((a, (3, 2, 10)), (b, (2, 2, 5))):
+        info = log.get_session(sid)
+        assert (info.last_seq, info.turns, info.output_tokens) == want
+    # read back: the same lines, byte for byte, parsed only on demand
+    back = log.events_stored(a, after=0)
+    assert [s.seq for s in back] == [1, 2, 3]
+    assert [s.json for s in back[:2]] == [stored[0].json, stored[2].json]
+    assert back[0]._event is None and back[0].event == batch[0]
+    assert [s.seq for s in log.events_stored(a, after=1, limit=1)] == [2]
+
+
+def test_a_turn_sets_the_status_in_the_commits_of_its_first_and_last_events(engine: Engine) -> None:
+    log = SessionLog(engine)
+    sid = _make_session(log)
+    log.append([UserMessage(seq=1, session_id=sid, turn=1, text="go")])
+    assert log.get_session(sid).status == "running"  # committed with the turn's first event
+    log.append([AssistantDelta(seq=2, session_id=sid, turn=1, step=1, text="x")])
+    assert log.get_session(sid).status == "running"
+    log.append([TurnEnd(seq=3, session_id=sid, turn=1, reason="completed", steps=1, output_tokens=1),
+                UserMessage(seq=4, session_id=sid, turn=2, text="again")])
+    assert log.get_session(sid).status == "running"  # the later event of the batch wins
+    log.append([TurnEnd(seq=5, session_id=sid, turn=2, reason="completed", steps=1, output_tokens=1)])
+    assert log.get_session(sid).status == "idle"
+    log.set_status(sid, "cancelled")
+    log.append([TurnStarted(seq=6, session_id=sid, turn=3)])
+    assert log.get_session(sid).status == "cancelled"  # events never undo a cancel
