@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import tempfile
 import time
 import uuid
@@ -45,7 +44,7 @@ from typing import Any
 from _common import median, percentile, write_result
 
 from agent.events import AssistantMessage, TurnEnd, TurnStarted, UserMessage, event_to_json
-from backend.db.engine import make_engine, migrate
+from backend.db.engine import make_engine, migrate, server_reachable
 from backend.db.log import SessionLog
 from backend.db.models import EventRow, SessionRow, SnapshotRow
 from tools.snapshots import Snapshot
@@ -214,14 +213,6 @@ def measure(db_url: str, n: int, requests: int, seed_value: int = 0) -> dict[str
     }
 
 
-def postgres_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @contextmanager
 def pg_schema() -> Iterator[str]:
     schema = f"fwbench_{uuid.uuid4().hex[:10]}"
@@ -252,7 +243,7 @@ def main() -> None:
         out["sqlite"]["db_mb"] = round((Path(tmp) / "browse.db").stat().st_size / 2**20, 1)
     if args.no_postgres:
         out["postgresql"] = "skipped (--no-postgres)"
-    elif not postgres_reachable():
+    elif not server_reachable(PG_URL):
         out["postgresql"] = "skipped: not reachable at 127.0.0.1:5432"
     else:
         with pg_schema() as url:
