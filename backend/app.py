@@ -17,7 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backend import errors
 from backend.api import ws
 from backend.api.deps import AppState
-from backend.api.routes import changes, health, replay, sessions
+from backend.api.routes import account, browse, changes, feedback, health, replay, rl, server_info, sessions
+from backend.api.security import SecurityHeaders, install_log_redaction
 from backend.db.engine import make_engine, migrate
 from backend.db.log import SessionInfo, SessionLog
 from backend.db.writer import EventWriter
@@ -42,6 +43,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        install_log_redaction()  # after the ASGI server configured logging: no token reaches a log line
         engine = make_engine(settings.database_url)
         await asyncio.to_thread(migrate, engine)
         session_log = SessionLog(engine)
@@ -77,7 +79,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=ERROR_RESPONSES,
     )
     install_error_handlers(app)
+    app.add_middleware(SecurityHeaders)  # CSP and friends on every response; no credentials in URLs
     app.include_router(health.router)
+    app.include_router(account.router)
+    app.include_router(browse.router)
+    app.include_router(server_info.router)
+    app.include_router(rl.router)
+    app.include_router(feedback.router)
     app.include_router(sessions.router)
     app.include_router(replay.router)
     app.include_router(changes.router)
