@@ -21,6 +21,7 @@ from backend.db.log import EventWriter, SessionLog
 from backend.hub import Hub, HubError
 from backend.policies import PolicyConfigError, PolicyFactory
 from backend.settings import Settings
+from backend.web_app import mount_web_app
 from tools.sandbox import SandboxUnavailable, make_sandbox
 from tools.workspace import WorkspaceError, WorkspaceStore
 
@@ -86,6 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(replay.router)
     app.include_router(changes.router)
     app.include_router(ws.router)
+    mount_web_app(app, settings.web_dist)
 
     return app
 

@@ -194,7 +194,12 @@ export class Transcript {
     };
     this.calls.set(id, call);
     const turn = this.turn(e);
-    const last = turn.blocks[turn.blocks.length - 1];
+    let last = turn.blocks[turn.blocks.length - 1];
+    const before = turn.blocks[turn.blocks.length - 2];
+    if (last?.kind === "text" && !last.text.trim() && before?.kind === "calls" && before.step === e.step) {
+      turn.blocks.pop(); // only whitespace between two calls of one step: they stay side by side
+      last = before;
+    }
     if (last && last.kind === "calls" && last.step === e.step) last.calls.push(call);
     else turn.blocks.push({ kind: "calls", step: e.step, calls: [call], seq: e.seq });
     return call;

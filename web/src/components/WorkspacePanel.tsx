@@ -1,0 +1,77 @@
+// The session's workspace: the files it changed, the combined diff, a patch to download, and a
+// keep/revert verdict per file (feedback on the edits). Refreshed when an edit or a turn lands.
+
+import { useEffect, useState } from "preact/hooks";
+import { api, type DiffBody } from "../lib/api";
+import { feedback } from "../lib/feedback";
+import { DiffView } from "./DiffView";
+import { Problem } from "./Refused";
+
+export function WorkspacePanel({ sessionId, refresh }: { sessionId: string; refresh: string }) {
+  const [diff, setDiff] = useState<DiffBody | null>(null);
+  const [verdicts, setVerdicts] = useState<Record<string, string>>({});
+  const [error, setError] = useState<unknown>(null);
+  const [sideBySide, setSideBySide] = useState(false);
+
+  useEffect(() => {
+    api.diff(sessionId).then((d) => { setDiff(d); setError(null); }, setError);
+  }, [sessionId, refresh]);
+  useEffect(() => {
+    feedback.list(sessionId).then((items) => {
+      const v: Record<string, string> = {};
+      for (const i of items) if (i.path && i.verdict) v[i.path] = i.verdict;
+      setVerdicts(v);
+    }, () => undefined);
+  }, [sessionId]);
+
+  async function judge(path: string, verdict: "keep" | "revert") {
+    try {
+      await feedback.judgeFile(sessionId, path, verdict);
+      setVerdicts((v) => ({ ...v, [path]: verdict }));
+    } catch (err) {
+      setError(err);
+    }
+  }
+
+  function download() {
+    if (!diff) return;
+    const url = URL.createObjectURL(new Blob([diff.diff], { type: "text/x-diff" }));
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = `session-${sessionId}.patch`;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  }
+
+  return (
+    <aside class="workspace panel" aria-labelledby="ws-h">
+      <h2 id="ws-h">Workspace changes</h2>
+      <Problem error={error} />
+      {diff && !diff.files.length && <p class="muted">No files changed yet.</p>}
+      {diff && diff.files.length > 0 && (
+        <>
+          <ul class="files" aria-label="changed files">
+            {diff.files.map((f) => (
+              <li key={f.path}>
+                <span class={`kind kind-${f.kind}`}>{f.kind}</span> <code>{f.path}</code>
+                <span class="verdict" role="group" aria-label={`keep or revert ${f.path}`}>
+                  <button type="button" class={`small${verdicts[f.path] === "keep" ? " on" : ""}`}
+                          aria-pressed={verdicts[f.path] === "keep"} onClick={() => judge(f.path, "keep")}>keep</button>
+                  <button type="button" class={`small${verdicts[f.path] === "revert" ? " on" : ""}`}
+                          aria-pressed={verdicts[f.path] === "revert"} onClick={() => judge(f.path, "revert")}>revert</button>
+                </span>
+              </li>
+            ))}
+          </ul>
+          <div class="row">
+            <button type="button" onClick={download}>Download patch</button>
+            <label class="small"><input type="checkbox" checked={sideBySide} onChange={() => setSideBySide(!sideBySide)} /> side by side</label>
+          </div>
+          <DiffView diff={diff.diff} sideBySide={sideBySide} label="combined diff" />
+        </>
+      )}
+    </aside>
+  );
+}
