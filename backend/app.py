@@ -15,7 +15,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backend import errors
 from backend.api import ws
 from backend.api.deps import AppState
-from backend.api.routes import changes, health, replay, sessions
+from backend.api.routes import account, changes, health, replay, sessions
+from backend.api.security import SecurityHeaders, install_log_redaction
 from backend.db.engine import make_engine, migrate
 from backend.db.log import EventWriter, SessionLog
 from backend.hub import Hub, HubError
@@ -36,6 +37,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        install_log_redaction()  # after the ASGI server configured logging: no token reaches a log line
         engine = make_engine(settings.database_url)
         await asyncio.to_thread(migrate, engine)
         session_log = SessionLog(engine)
@@ -82,7 +84,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=ERROR_RESPONSES,
     )
     install_error_handlers(app)
+    app.add_middleware(SecurityHeaders)  # CSP and friends on every response; no credentials in URLs
     app.include_router(health.router)
+    app.include_router(account.router)
     app.include_router(sessions.router)
     app.include_router(replay.router)
     app.include_router(changes.router)
