@@ -14,7 +14,7 @@ import { ApiError } from "./lib/api";
 import { clearToken, getToken } from "./lib/auth";
 import { type Me, whoAmI } from "./lib/me";
 import { href, type Route, useRoute } from "./lib/route";
-import "highlight.js/styles/github.css";
+import "./highlight-theme.css";
 import "./styles.css";
 
 function App() {

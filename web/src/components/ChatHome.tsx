@@ -86,8 +86,9 @@ function NewSession() {
       } catch {
         throw new ApiError(400, "scripted outputs must be a JSON list of strings");
       }
-      const list = Array.isArray(parsed) ? parsed : (parsed as { outputs?: unknown })?.outputs;
-      return { kind: "scripted", outputs: list };
+      if (Array.isArray(parsed)) return { kind: "scripted", outputs: parsed };
+      // {"outputs": [...], "chunk_chars"?, "delay_s"?}: the recorded outputs file of `flywheel run --policy scripted:FILE`
+      return { ...(parsed as object), kind: "scripted" };
     }
     return model ? { kind: "openai", model } : { kind: "openai" };
   }
@@ -142,7 +143,7 @@ function NewSession() {
       )}
       {policyKind === "scripted" && (
         <>
-          <label for="outputs">Model outputs (a JSON list of strings)</label>
+          <label for="outputs">Model outputs: a JSON list of strings, or {"{"}"outputs": [...], "chunk_chars": 24, "delay_s": 0{"}"}</label>
           <textarea id="outputs" rows={5} value={outputs} placeholder='["I will read the code.\n<tool_call name=\"read_file\">…"]'
                     onInput={(e) => setOutputs((e.target as HTMLTextAreaElement).value)} />
         </>

@@ -1,0 +1,279 @@
+"""The browser end-to-end harness: a real ``flywheel serve`` subprocess on a real database, headless
+Debian Chromium driven by Playwright's Python API (never a browser download), and a TCP proxy that can
+take the server's socket away from the browser mid-turn. ``tests/web`` and ``benchmarks/web_app.py``
+use it.
+
+Not guaranteed: Playwright's bundled driver speaks to the Debian Chromium it finds; a Chromium much
+older than the Playwright release may refuse some calls (the tests then fail, they do not skip).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agent.parser import encode_call
+from backend.db.engine import make_engine, migrate
+from backend.db.log import SessionLog
+from backend.server_process import ServerProcess
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("FLYWHEEL_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
+WEB_DIST = REPO / "web" / "dist"
+AXE = REPO / "web" / "node_modules" / "axe-core" / "axe.min.js"
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def missing() -> str | None:
+    """Why the browser tests cannot run here (None: they can)."""
+    if not Path(CHROMIUM).exists():
+        return f"Chromium is not installed at {CHROMIUM} (Debian: apt-get install chromium)"
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        return "the playwright Python package is not installed (scripts/setup.sh --test)"
+    if not (WEB_DIST / "index.html").is_file():
+        return "the web app is not built (scripts/setup.sh builds web/ into web/dist)"
+    if not AXE.is_file():
+        return "web/node_modules/axe-core is missing (cd web && npm ci)"
+    return None
+
+
+def launch(playwright: Any) -> Any:
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+
+
+def postgres_reachable() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def database(tmp: Path) -> Iterator[str]:
+    """A fresh PostgreSQL schema when the server is reachable, else a SQLite file."""
+    if not postgres_reachable():
+        yield f"sqlite:///{tmp / 'flywheel.db'}"
+        return
+    from sqlalchemy import text
+
+    schema = f"fwweb_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def make_workspace(root: Path) -> Path:
+    """A two-file project with an off-by-one for the scripted agent to fix."""
+    ws = root / "project"
+    ws.mkdir(parents=True, exist_ok=True)
+    (ws / "stats.py").write_text("def mean(v):\n    return sum(v) / (len(v) - 1)\n")
+    (ws / "README.md").write_text("# stats\n\nA tiny package.\n")
+    return ws
+
+
+FIX_TEXT = "Done: <script>window.__pwned = 1</script><img src=x onerror=\"window.__pwned=2\"> mean() is fixed."
+
+
+def fix_outputs(command: str = "for i in 1 2 3 4; do echo tick $i; sleep 0.25; done") -> list[str]:
+    """Three model steps: three parallel calls (two reads and a command that prints as it runs),
+    an edit, and a final answer that contains HTML (it must render as text)."""
+    return [
+        "I'll read the code and the README, and run a check, all at once.\n\n"
+        + encode_call("read_file", {"path": "stats.py"}) + "\n" + encode_call("read_file", {"path": "README.md"})
+        + "\n" + encode_call("run_command", {"command": command}),
+        "The mean divides by len - 1. Fixing it:\n\n"
+        + encode_call("edit_file", {"path": "stats.py", "search": "(len(v) - 1)", "replace": "len(v)"}),
+        FIX_TEXT,
+    ]
+
+
+@dataclass
+class WebServer:
+    """``flywheel serve`` with the built app, a staff token and a user token (``alice``)."""
+
+    proc: ServerProcess
+    db_url: str
+    workspace: Path
+    staff: str
+    user: str
+    log: SessionLog
+    _clients: list[httpx.Client] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.proc.url
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        c = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token or self.staff}"}, timeout=30)
+        self._clients.append(c)
+        return c
+
+    def create_session(self, outputs: list[str], *, token: str | None = None, chunk_chars: int = 24,
+                       delay_s: float = 0.0, approval_mode: str = "auto", title: str = "") -> dict[str, Any]:
+        body = {"workspace": {"path": str(self.workspace)}, "title": title, "approval_mode": approval_mode,
+                "policy": {"kind": "scripted", "outputs": outputs, "chunk_chars": chunk_chars, "delay_s": delay_s}}
+        r = self.client(token or self.user).post("/v1/sessions", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    def events(self, session_id: str) -> list[dict[str, Any]]:
+        r = self.client().get(f"/v1/sessions/{session_id}/events", params={"limit": 5000})
+        assert r.status_code == 200, r.text
+        return r.json()["events"]  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        for c in self._clients:
+            c.close()
+
+
+@contextmanager
+def web_server(tmp: Path, *, port: int = 0) -> Iterator[WebServer]:
+    ws = make_workspace(tmp / "src")
+    with database(tmp) as url:
+        engine = make_engine(url)
+        migrate(engine)
+        log = SessionLog(engine)
+        user = log.create_token("alice", "user")
+        staff = log.create_token("sue", "staff")
+        proc = ServerProcess(data_dir=tmp / "data", allow_roots=[ws.parent], port=port, extra_args=["--db", url],
+                             env={"FLYWHEEL_SEMANTIC_SEARCH": "0", "PYTHONUNBUFFERED": "1"}, log_dir=tmp / "logs")
+        with proc:
+            srv = WebServer(proc=proc, db_url=url, workspace=ws, staff=staff, user=user, log=log)
+            try:
+                yield srv
+            finally:
+                srv.close()
+        engine.dispose()
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to the server. :meth:`cut` takes the socket away from every client
+    (the connections die mid-stream, as on a network loss) and refuses new ones until :meth:`restore`."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.refusing = False
+        self.cuts = 0
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.refusing:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                self._drop(s)
+
+    def _drop(self, s: socket.socket) -> None:
+        with self._lock:
+            self._conns.discard(s)
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+    def cut(self) -> None:
+        self.refusing = True
+        self.cuts += 1
+        with self._lock:
+            conns = list(self._conns)
+        for s in conns:
+            self._drop(s)
+
+    def restore(self) -> None:
+        self.refusing = False
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        self.listener.close()
+
+
+class Console:
+    """Every console error and uncaught exception of a page; :meth:`assert_clean` fails on any that
+    the test did not name as expected."""
+
+    def __init__(self, page: Any) -> None:
+        self.errors: list[str] = []
+        page.on("console", lambda m: m.type in ("error", "warning") and self.errors.append(f"{m.type}: {m.text}"))
+        page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+
+    def assert_clean(self, *allowed: str) -> None:
+        bad = [e for e in self.errors if not any(re.search(a, e) for a in allowed)]
+        assert not bad, "console errors:\n" + "\n".join(bad)
+
+
+def sign_in(page: Any, base: str, token: str) -> None:
+    page.goto(f"{base}/")
+    page.fill("#token", token)
+    page.click("form[aria-label='sign in'] button[type=submit]")
+    page.wait_for_selector("nav.top")
+
+
+def axe(page: Any, *, context: str = "#app") -> list[dict[str, Any]]:
+    """axe-core's violations on the page (WCAG 2 A/AA rules). Injected through the DevTools protocol,
+    which the page's Content-Security-Policy does not govern (the app's own CSP stays on)."""
+    if not page.evaluate("typeof window.axe !== 'undefined'"):
+        page.evaluate(AXE.read_text() + "\n;0")
+    result = page.evaluate(
+        "async (ctx) => (await axe.run(ctx, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa']}})).violations"
+        ".map(v => ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 3).map(n => n.target.join(' '))}))",
+        context,
+    )
+    return result  # type: ignore[no-any-return]
+
+
+def screenshot(page: Any, name: str) -> Path:
+    """Write docs/screenshots/NAME.png (the committed screenshots are the ones the tests took last)."""
+    out = REPO / "docs" / "screenshots" / f"{name}.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(out))
+    return out
