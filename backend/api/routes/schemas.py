@@ -48,6 +48,12 @@ class Session(BaseModel):
     rl_sample: int | None = None
     rl_reward: float | None = None
     rl_status: str | None = None
+    policy_name: str = Field("", description='the policy\'s kind and model: "openai:MODEL", "scripted", "rl" (the '
+                             "session browser's policy filter)")
+    feedback_up: int = Field(0, description="turns rated thumbs-up (GET /v1/sessions/{id}/feedback lists them)")
+    feedback_down: int = Field(0, description="turns rated thumbs-down")
+    files_kept: int = Field(0, description="changed files marked keep")
+    files_reverted: int = Field(0, description="changed files reverted to the session's start")
 
 
 class EventsPage(BaseModel):
