@@ -70,8 +70,7 @@ export function Branch({ session, step, steps }: { session: Session; step: numbe
 export function Lineage({ session }: { session: Session }) {
   const [children, setChildren] = useState<Session[]>([]);
   useEffect(() => {
-    api.listSessions({ parent: session.id, limit: 50 }).then(
-      (rows) => setChildren(rows.filter((r) => r.parent_id === session.id)), () => setChildren([]));
+    api.branches(session.id).then(setChildren, () => setChildren([]));
   }, [session.id]);
   if (!session.parent_id && !children.length) return null;
   return (

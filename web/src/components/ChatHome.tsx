@@ -6,6 +6,7 @@ import { api, ApiError, get, type Session } from "../lib/api";
 import { when } from "../lib/format";
 import type { Me } from "../lib/me";
 import { href, navigate } from "../lib/route";
+import { hasRoute } from "../lib/routes";
 import { Problem } from "./Refused";
 
 interface Suggestion { path: string; label: string }
@@ -63,15 +64,19 @@ function NewSession() {
 
   useEffect(() => {
     // optional routes (web/API_NEEDS.md): a server without them gets a typed path and the two kinds
-    get<{ suggested?: Suggestion[] }>("/v1/workspaces").then((w) => {
+    void hasRoute("/v1/workspaces").then(async (has) => {
+      if (!has) return;
+      const w = await get<{ suggested?: Suggestion[] }>("/v1/workspaces");
       setSuggested(w.suggested ?? []);
       if (w.suggested?.length) setPath((p) => p || w.suggested![0].path);
-    }, () => undefined);
-    get<Policies>("/v1/policies").then((p) => {
+    }).catch(() => undefined);
+    void hasRoute("/v1/policies").then(async (has) => {
+      if (!has) return;
+      const p = await get<Policies>("/v1/policies");
       setPolicies(p);
       if (p.presets?.length) setPolicyKind(`preset:${p.presets[0].name}`);
       else if (!p.kinds.includes("openai")) setPolicyKind("scripted");
-    }, () => undefined);
+    }).catch(() => undefined);
   }, []);
 
   function policy(): Record<string, unknown> {

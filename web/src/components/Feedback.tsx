@@ -2,7 +2,7 @@
 // (it becomes training data later); the last one given is shown.
 
 import { useEffect, useState } from "preact/hooks";
-import { feedback, type FeedbackItem } from "../lib/feedback";
+import { feedback, feedbackAvailable, type FeedbackItem } from "../lib/feedback";
 import { Icon } from "./Icon";
 import { Problem } from "./Refused";
 
@@ -11,7 +11,9 @@ export function TurnFeedback({ sessionId, turn, given }: { sessionId: string; tu
   const [rating, setRating] = useState<"up" | "down" | null>(null);
   const [comment, setComment] = useState("");
   const [error, setError] = useState<unknown>(null);
+  const [available, setAvailable] = useState(false);
   useEffect(() => setMine(given), [given]);
+  useEffect(() => { void feedbackAvailable().then(setAvailable); }, []);
 
   async function submit(r: "up" | "down", c: string) {
     setError(null);
@@ -24,6 +26,7 @@ export function TurnFeedback({ sessionId, turn, given }: { sessionId: string; tu
     }
   }
   const id = `fb-${turn}`;
+  if (!available) return null;
   return (
     <div class="feedback" role="group" aria-label={`feedback on turn ${turn}`}>
       <button type="button" class={`thumb${mine?.rating === "up" ? " on" : ""}`} aria-pressed={mine?.rating === "up"}

@@ -102,7 +102,7 @@ export function Replay({ id }: { id: string }) {
                             onSelect={(c) => setSelected(c.id)} selectedCall={selected}
                             turnFooter={(turn) => <TurnFeedbackShown items={fb.filter((f) => f.turn === turn.turn)} />} />
           ) : (
-            <ModelView events={events.slice(0, pos)} />
+            <ModelView sessionId={id} upto={events[pos - 1]?.seq ?? 0} />
           )}
         </section>
         <div class="side">

@@ -3,7 +3,7 @@
 
 import { useEffect, useState } from "preact/hooks";
 import { api, type DiffBody } from "../lib/api";
-import { feedback } from "../lib/feedback";
+import { feedback, feedbackAvailable } from "../lib/feedback";
 import { DiffView } from "./DiffView";
 import { Problem } from "./Refused";
 
@@ -12,6 +12,8 @@ export function WorkspacePanel({ sessionId, refresh }: { sessionId: string; refr
   const [verdicts, setVerdicts] = useState<Record<string, string>>({});
   const [error, setError] = useState<unknown>(null);
   const [sideBySide, setSideBySide] = useState(false);
+  const [canJudge, setCanJudge] = useState(false);
+  useEffect(() => { void feedbackAvailable().then(setCanJudge); }, []);
 
   useEffect(() => {
     api.diff(sessionId).then((d) => { setDiff(d); setError(null); }, setError);
@@ -56,12 +58,12 @@ export function WorkspacePanel({ sessionId, refresh }: { sessionId: string; refr
             {diff.files.map((f) => (
               <li key={f.path}>
                 <span class={`kind kind-${f.kind}`}>{f.kind}</span> <code>{f.path}</code>
-                <span class="verdict" role="group" aria-label={`keep or revert ${f.path}`}>
+                {canJudge && <span class="verdict" role="group" aria-label={`keep or revert ${f.path}`}>
                   <button type="button" class={`small${verdicts[f.path] === "keep" ? " on" : ""}`}
                           aria-pressed={verdicts[f.path] === "keep"} onClick={() => judge(f.path, "keep")}>keep</button>
                   <button type="button" class={`small${verdicts[f.path] === "revert" ? " on" : ""}`}
                           aria-pressed={verdicts[f.path] === "revert"} onClick={() => judge(f.path, "revert")}>revert</button>
-                </span>
+                </span>}
               </li>
             ))}
           </ul>

@@ -48,6 +48,12 @@ export interface ReexecuteReport {
   session_id: string; counts: Record<"same" | "differs" | "missing" | "extra", number>; calls: CallComparison[];
 }
 
+export interface SnippetSegment { text: string; match: boolean }
+export interface BrowsedSession extends Session { match?: { seq: number; type: string; snippet: SnippetSegment[] } | null }
+export interface SessionPage { sessions: BrowsedSession[]; next_cursor: string | null }
+export interface Facets { owners: string[]; policies: string[]; runs: string[] }
+export interface ConversationMessage { role: "system" | "user" | "assistant" | "tool"; content: string; seq: number | null }
+
 export type Query = Record<string, string | number | boolean | null | undefined>;
 
 export function qs(query: Query = {}): string {
@@ -101,6 +107,11 @@ export const api = {
   timeline: (id: string) => get<BaseEvent[]>(`${s(id)}/timeline`),
   reexecute: (id: string) => post<ReexecuteReport>(`${s(id)}/reexecute`),
   branch: (id: string, body: unknown) => post<Session>(`${s(id)}/branch`, body),
+  branches: (id: string) => get<Session[]>(`${s(id)}/branches`),
+  conversation: (id: string, upto?: number) =>
+    get<{ messages: ConversationMessage[]; upto: number }>(`${s(id)}/conversation`, { upto }),
+  browse: (query: Query) => get<SessionPage>("/v1/browse/sessions", query),
+  facets: () => get<Facets>("/v1/browse/facets"),
 };
 
 /** Every event of a session, paged through the log (5,000 per request). */

@@ -2,6 +2,7 @@
 // Stored by the server in the session log (docs/protocol.md, "Feedback"), shown again in replay.
 
 import { get, post } from "./api";
+import { hasRoute } from "./routes";
 
 export interface FeedbackItem {
   id?: number;
@@ -17,8 +18,11 @@ export interface FeedbackItem {
 
 const f = (id: string) => `/v1/sessions/${encodeURIComponent(id)}/feedback`;
 
+/** Whether this server takes feedback (an older one does not: the app then hides the controls). */
+export const feedbackAvailable = () => hasRoute("/v1/sessions/{session_id}/feedback");
+
 export const feedback = {
-  list: (id: string) => get<FeedbackItem[]>(f(id)),
+  list: async (id: string) => ((await feedbackAvailable()) ? get<FeedbackItem[]>(f(id)) : []),
   rateTurn: (id: string, turn: number, rating: "up" | "down", comment: string) =>
     post<FeedbackItem>(f(id), { turn, rating, comment }),
   judgeFile: (id: string, path: string, verdict: "keep" | "revert") => post<FeedbackItem>(f(id), { path, verdict }),
