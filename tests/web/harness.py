@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -140,6 +141,20 @@ class WebServer:
         r = self.client().get(f"/v1/sessions/{session_id}/events", params={"limit": 5000})
         assert r.status_code == 200, r.text
         return r.json()["events"]  # type: ignore[no-any-return]
+
+    def run_turn(self, session_id: str, text: str, *, token: str | None = None, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """Send a message over REST and wait for its turn_end; returns every event of the session."""
+        c = self.client(token or self.user)
+        before = c.get(f"/v1/sessions/{session_id}").json()["last_seq"]
+        r = c.post(f"/v1/sessions/{session_id}/messages", json={"text": text})
+        assert r.status_code == 202, r.text
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            events = self.events(session_id)
+            if any(e["type"] == "turn_end" and e["seq"] > before for e in events):
+                return events
+            time.sleep(0.1)
+        raise AssertionError(f"the turn of {session_id} did not end in {timeout} s")
 
     def close(self) -> None:
         for c in self._clients:

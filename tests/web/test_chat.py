@@ -33,7 +33,9 @@ def test_sign_in_and_chat_a_turn(page: Any, server: harness.WebServer) -> None:
     page.fill("#token", server.user)
     page.click("form[aria-label='sign in'] button[type=submit]")
     page.wait_for_selector("nav.top")
-    assert "staff" not in page.inner_text("nav.top a[href='#/sessions']" if page.query_selector("nav.top a[href='#/sessions']") else "nav.top")
+    assert page.locator("nav.top a[href='#/runs']").count() == 0  # no staff link for a user
+    assert page.evaluate("sessionStorage.getItem('flywheel.token')") == server.user
+    assert page.evaluate("localStorage.length") == 0 and page.evaluate("document.cookie") == ""
 
     # a session from the form: the policy's outputs pasted as JSON, slow enough to watch
     import json

@@ -1,5 +1,6 @@
-// The app shell: sign-in, the navigation, and the hash routes. Staff links are shown to staff only;
+// The app shell: sign-in, the navigation, and the hash routes. The RL link is shown to staff only;
 // the server refuses staff routes to users whatever the app shows (the screens display its 403).
+// Users browse and replay their own sessions; staff browse and replay everyone's.
 
 import { render } from "preact";
 import { useEffect, useState } from "preact/hooks";
@@ -46,12 +47,8 @@ function App() {
       <nav class="top" aria-label="main">
         <span class="brand">Flywheel</span>
         <a href={href(["chat"])} aria-current={section === "chat" ? "page" : undefined}>Chat</a>
-        {me.role === "staff" && (
-          <>
-            <a href={href(["sessions"])} aria-current={section === "sessions" || section === "replay" ? "page" : undefined}>Sessions</a>
-            <a href={href(["runs"])} aria-current={section === "runs" ? "page" : undefined}>RL runs</a>
-          </>
-        )}
+        <a href={href(["sessions"])} aria-current={section === "sessions" || section === "replay" ? "page" : undefined}>Sessions</a>
+        {me.role === "staff" && <a href={href(["runs"])} aria-current={section === "runs" ? "page" : undefined}>RL runs</a>}
         <span class="spacer" />
         <span class="small muted">{me.name ? `${me.name} · ` : ""}{me.role}</span>
         <button type="button" class="small" onClick={signOut}>Sign out</button>

@@ -32,7 +32,9 @@ export function TimelineChart({ axis, at, selected, onSelect }: {
             <button key={bar.id} type="button" title={label} aria-label={label} aria-pressed={selected === bar.id}
                     class={`bar call${bar.ok === false ? " failed" : ""}${selected === bar.id ? " selected" : ""}`}
                     style={{ left: pct(bar.start), width: `${w}%`, top: `${top}px` }}
-                    onClick={() => onSelect(bar)} data-call-id={bar.id} />
+                    onClick={() => onSelect(bar)} data-call-id={bar.id}>
+              <span class="bar-label" aria-hidden="true">{bar.label}</span>
+            </button>
           );
         })}
         <div class="cursor" style={{ left: pct(at) }} aria-hidden="true" />
