@@ -70,6 +70,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from agent.events import EVENT_ADAPTER
 from agent.text_safety import escape_json_text, inert, json_safe_value
 from backend.apply_back import ApplyError, ChangeSet, FileState
+from backend.policies import demo_policy
 from backend.review import Choice, finish
 from backend.settings import ClientSettings, SettingsError, load_settings
 from backend.transcript import Transcript
@@ -79,12 +80,6 @@ BACKOFF_MAX_S = 5.0
 GIVE_UP_S = 60.0
 # HTTP statuses a retry cannot fix; the socket's close codes 44xx mirror them.
 FATAL = {401: "the server rejected the token", 403: "forbidden", 404: "no such session"}
-
-
-def demo_policy() -> dict[str, Any]:
-    """``--policy demo``: the bundled demo's recorded outputs, streamed gently."""
-    script = json.loads((Path(__file__).with_name("demo") / "script.json").read_text())
-    return {"kind": "scripted", "outputs": script["outputs"], "chunk_chars": 8, "delay_s": 0.01}
 
 
 HELP = """commands:
