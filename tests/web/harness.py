@@ -156,6 +156,31 @@ class WebServer:
             time.sleep(0.1)
         raise AssertionError(f"the turn of {session_id} did not end in {timeout} s")
 
+    def seed_rl_run(self, run_id: str, *, iterations: int = 3, tasks: int = 2, samples: int = 2) -> None:
+        """Record an RL run the way ``flywheel rl train`` does (``backend.rl_log.RLSessionLog``): per
+        iteration, its metrics and a rollout session per (task, sample) with events and a reward."""
+        from backend.rl_log import RLSessionLog
+        from tools.workspace import WorkspaceStore
+
+        rl = RLSessionLog(self.log, WorkspaceStore(self.proc.data_dir / "workspaces"))
+        rl.record_run({"name": run_id, "iterations": iterations}, run_id=run_id, notes="seeded by tests/web")
+        for k in range(1, iterations + 1):
+            solved = 0
+            for t in range(tasks):
+                for j in range(samples):
+                    sid = f"{run_id[:8]}i{k}t{t}s{j}"
+                    rl.create_session(session_id=sid, run_id=run_id, iteration=k, task_id=f"task-{t}", sample=j)
+                    rl.append_events(sid, rollout_events(sid, f"Fix task-{t}.", ok=(j + k + t) % 2 == 0))
+                    reward = 1.0 if (j + k + t) % 2 == 0 else -0.2
+                    solved += reward > 0
+                    rl.finish(sid, reward=reward, status="finished")
+            n = tasks * samples
+            rl.record_iteration(run_id, k, {
+                "iteration": k, "success_rate": solved / n, "mean_reward": 0.1 * k, "tokens_per_solved": 400 - 50 * k,
+                "parallel_call_share": 0.2 * k, "blind_edit_rate": 0.3 / k, "logprob_diff_mean": 0.01 * k,
+            })
+        rl.set_run_status(run_id, "finished")
+
     def close(self) -> None:
         for c in self._clients:
             c.close()
@@ -179,6 +204,28 @@ def web_server(tmp: Path, *, port: int = 0) -> Iterator[WebServer]:
             finally:
                 srv.close()
         engine.dispose()
+
+
+def rollout_events(session_id: str, request: str, *, ok: bool) -> list[dict[str, Any]]:
+    """A short rollout's events (one read, then an answer), as a worker would send them."""
+    from agent.events import (AssistantDelta, AssistantMessage, ToolCallStarted, ToolResultEvent, TurnEnd,
+                              TurnStarted, UserMessage)
+
+    call = encode_call("read_file", {"path": "stats.py"})
+    evs = [UserMessage(text=request), TurnStarted(), AssistantDelta(step=1, text="Reading. "),
+           ToolCallStarted(step=1, index=0, call_id="t1s1c0", name="read_file", args={"path": "stats.py"}),
+           ToolResultEvent(step=1, index=0, call_id="t1s1c0", name="read_file", ok=True, output="1\tdef mean(v):",
+                           duration_ms=0.5),
+           AssistantMessage(step=1, text="Reading. " + call, output_tokens=20),
+           AssistantDelta(step=2, text="Solved." if ok else "Gave up."),
+           AssistantMessage(step=2, text="Solved." if ok else "Gave up.", output_tokens=3),
+           TurnEnd(reason="completed", steps=2, output_tokens=23)]
+    t0 = time.time() - 5
+    out = []
+    for i, e in enumerate(evs, 1):
+        out.append(e.model_copy(update={"seq": i, "session_id": session_id, "turn": 1, "ts": t0 + 0.1 * i})
+                   .model_dump(mode="json"))
+    return out
 
 
 class TcpProxy:

@@ -10,7 +10,7 @@ import { hasRoute } from "../lib/routes";
 import { Problem } from "./Refused";
 
 interface Suggestion { path: string; label: string }
-interface Preset { name: string; policy: Record<string, unknown>; request?: string }
+interface Preset { name: string; policy: Record<string, unknown>; request?: string; workspace?: string | null }
 interface Policies { kinds: string[]; openai_model?: string | null; presets?: Preset[] }
 
 export function ChatHome({ me }: { me: Me }) {
@@ -74,7 +74,11 @@ function NewSession() {
       if (!has) return;
       const p = await get<Policies>("/v1/policies");
       setPolicies(p);
-      if (p.presets?.length) setPolicyKind(`preset:${p.presets[0].name}`);
+      const demo = p.presets?.[0];
+      if (demo) {
+        setPolicyKind(`preset:${demo.name}`);
+        if (demo.workspace) setPath((cur) => cur || demo.workspace!);
+      }
       else if (!p.kinds.includes("openai")) setPolicyKind("scripted");
     }).catch(() => undefined);
   }, []);
