@@ -64,9 +64,10 @@ def postgres_reachable() -> bool:
 
 
 @contextmanager
-def database(tmp: Path) -> Iterator[str]:
-    """A fresh PostgreSQL schema when the server is reachable, else a SQLite file."""
-    if not postgres_reachable():
+def database(tmp: Path, kind: str = "auto") -> Iterator[str]:
+    """A fresh PostgreSQL schema (``kind`` "postgresql", or "auto" when the server is reachable), else
+    a SQLite file (the default ``flywheel serve`` setup)."""
+    if kind == "sqlite" or (kind == "auto" and not postgres_reachable()):
         yield f"sqlite:///{tmp / 'flywheel.db'}"
         return
     from sqlalchemy import text
@@ -187,9 +188,9 @@ class WebServer:
 
 
 @contextmanager
-def web_server(tmp: Path, *, port: int = 0) -> Iterator[WebServer]:
+def web_server(tmp: Path, *, port: int = 0, db: str = "auto") -> Iterator[WebServer]:
     ws = make_workspace(tmp / "src")
-    with database(tmp) as url:
+    with database(tmp, db) as url:
         engine = make_engine(url)
         migrate(engine)
         log = SessionLog(engine)

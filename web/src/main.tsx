@@ -7,9 +7,7 @@ import { useEffect, useState } from "preact/hooks";
 import { Chat } from "./components/Chat";
 import { ChatHome } from "./components/ChatHome";
 import { Problem } from "./components/Refused";
-import { Replay } from "./components/Replay";
-import { RunList, RunView } from "./components/RlRuns";
-import { SessionBrowser } from "./components/SessionBrowser";
+import { lazyScreen } from "./components/Lazy";
 import { SignIn } from "./components/SignIn";
 import { ApiError } from "./lib/api";
 import { clearToken, getToken } from "./lib/auth";
@@ -17,6 +15,11 @@ import { type Me, whoAmI } from "./lib/me";
 import { href, type Route, useRoute } from "./lib/route";
 import "./highlight-theme.css";
 import "./styles.css";
+
+const Replay = lazyScreen(() => import("./components/Replay").then((m) => m.Replay));
+const SessionBrowser = lazyScreen(() => import("./components/SessionBrowser").then((m) => m.SessionBrowser));
+const RunList = lazyScreen(() => import("./components/RlRuns").then((m) => m.RunList));
+const RunView = lazyScreen(() => import("./components/RlRuns").then((m) => m.RunView));
 
 function App() {
   const route = useRoute();
