@@ -108,10 +108,12 @@ def closing_events(events: Sequence[Event], *, detail: str = "the server stopped
     count and output tokens. Seqs continue the log's. Empty when the last
     turn is closed.
     """
-    if not events or isinstance(events[-1], TurnEnd):
+    if not events:
         return []
     last = events[-1]
     turn = [e for e in events if e.turn == last.turn]
+    if any(isinstance(e, TurnEnd) for e in turn):  # closed (events a driver adds after turn_end, e.g. feedback, count)
+        return []
     recorded = {e.step for e in turn if isinstance(e, AssistantMessage)}
     streamed = {e.step for e in turn if isinstance(e, AssistantDelta | ToolCallDelta | ToolCallStarted
                                                   | ToolResultEvent | AssistantMessage)}

@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backend import errors
 from backend.api import ws
 from backend.api.deps import AppState
-from backend.api.routes import account, browse, changes, health, replay, rl, server_info, sessions
+from backend.api.routes import account, browse, changes, feedback, health, replay, rl, server_info, sessions
 from backend.api.security import SecurityHeaders, install_log_redaction
 from backend.db.engine import make_engine, migrate
 from backend.db.log import EventWriter, SessionLog
@@ -90,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(browse.router)
     app.include_router(server_info.router)
     app.include_router(rl.router)
+    app.include_router(feedback.router)
     app.include_router(sessions.router)
     app.include_router(replay.router)
     app.include_router(changes.router)

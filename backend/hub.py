@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -46,6 +46,7 @@ from agent.runtime import LazySearchIndex, SessionParts, build_session
 from agent.session import Limits, Session
 from backend.db.log import EventWriter, SessionInfo, SessionLog
 from backend.policies import PolicyFactory
+from tools.base import FileEdit
 from tools.sandbox import Sandbox
 from tools.snapshots import SnapshotError
 from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
@@ -380,6 +381,52 @@ class Hub:
         self._loading.pop(live.info.id, None)
         await live.session.policy.aclose()
         await asyncio.to_thread(self._release_index, live.session)
+
+    # -- events from outside the agent loop (feedback) ------------------------------
+
+    async def record_event(self, info: SessionInfo, event: Event) -> Event:
+        """Append an event the server makes itself (``feedback``) to the session's stream and
+        return it as stored: through the live session when there is one (it takes the next
+        ``seq`` and reaches the session's watchers), else straight to the log after its last
+        ``seq`` (no workspace needed: an RL rollout can be rated). Stamped with the session's
+        current turn."""
+        live = self.live.get(info.id)
+        if live is None:
+            async with self._loading.setdefault(info.id, asyncio.Lock()):  # get_live waits for this one
+                live = self.live.get(info.id)
+                if live is None:
+                    now_ = await asyncio.to_thread(self.log.get_session, info.id) or info
+                    return await self.writer.append(event.model_copy(update={
+                        "seq": now_.last_seq + 1, "session_id": info.id, "turn": now_.turns}))
+        return await live.session.emit(event)
+
+    async def revert_file(self, info: SessionInfo, path: str,
+                          record: Callable[[FileEdit], Event]) -> tuple[FileEdit, Event]:
+        """Put ``path`` back as it was when the session started (``Workspace.revert``), tell the
+        search index, and append ``record(edit)`` to the stream; returns both. 409 while a turn
+        runs or when the file is not changed, 410 when the workspace is gone. A message sent
+        while the revert writes waits for it (the revert holds the session's turn slot)."""
+        live = await self.get_live(info)
+        if live.running and live.turn_ended and live.turn_task is not None:
+            await asyncio.wait([live.turn_task])  # its turn_end is out; only the status update is left
+        if live.running:
+            raise HubError(409, "a turn is running in this session; revert once it has ended (or interrupt it)")
+
+        async def work() -> tuple[FileEdit, Event]:
+            try:
+                edit = await asyncio.to_thread(live.workspace.revert, path)
+            except WorkspaceError as exc:
+                raise HubError(409, str(exc)) from None
+            if live.session.ctx.search_index is not None:
+                live.session.ctx.search_index.notify_edits([edit.path])
+            return edit, await live.session.emit(record(edit))
+
+        task = asyncio.create_task(work(), name=f"hub-revert:{info.id}")
+        live.turn_task, live.turn_ended = task, True  # send() waits for an ended turn's task, then starts
+        try:
+            return await task
+        finally:
+            await self._evict_if_unused(live)
 
     async def interrupt(self, info: SessionInfo) -> bool:
         live = self.live.get(info.id)

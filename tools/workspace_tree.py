@@ -45,6 +45,7 @@ from tools.diffs import (
 from tools.gitignore import IgnoreRules, manifest_loader, tree_loader
 from tools.gitsafe import GitNeutralised, neutralise_git
 from tools.paths import (
+    PathError,
     PathNotFoundError,
     PathTypeError,
     display_path,
@@ -56,7 +57,7 @@ from tools.paths import (
     stat_beneath,
     write_bytes_beneath,
 )
-from tools.snapshots import EntryKind, ManifestEntry, Snapshot, build_manifest, restore_tree
+from tools.snapshots import EntryKind, ManifestEntry, Snapshot, build_manifest, restore_paths, restore_tree
 from tools.treewalk import TreeItem, TreeLimitError, short_path
 from tools.workspace_layout import Layering, Layout, WorkspaceError
 
@@ -196,6 +197,40 @@ class Workspace:
                 parts.append(self._file_diff(path, old, new))
         parts += [f"# not shown: {display_path(short_path(p))!r} {why}\n" for p, why in found.too_deep.items()]
         return "".join(parts)
+
+    def revert(self, path: str) -> FileEdit:
+        """Put one changed file or symlink back as it was in the starting snapshot: rewritten,
+        re-linked, or removed if it was added (``path`` as :meth:`changed_paths` shows it).
+
+        Returns a :class:`FileEdit` whose ``diff`` is what the revert changed (the session's diff
+        of that path, reversed); ``created``: the revert re-created a file the session deleted,
+        ``deleted``: it removed one the session added. Raises :class:`WorkspaceError` if ``path``
+        is not a changed path. Directories the session created for an added file stay (empty).
+        """
+        for raw, _kind, old, new in self._changes(None).changes:
+            if display_path(raw) != path:
+                continue
+            if old is not None and new is not None and old.kind is not new.kind:
+                diff = self._reverse_diff(raw, None, new) + self._reverse_diff(raw, old, None)
+            else:
+                diff = self._reverse_diff(raw, old, new)
+            try:
+                restore_paths(self.root, self.base, self.store.blobs, [raw])
+            except PathError as exc:
+                raise WorkspaceError(f"cannot revert {path!r}: {exc}") from None
+            return FileEdit(path=path, diff=diff, created=new is None, deleted=old is None)
+        raise WorkspaceError(f"{path!r} is not changed in this workspace (nothing to revert)")
+
+    def _reverse_diff(self, path: str, old: ManifestEntry | None, new: ManifestEntry | None) -> str:
+        """The diff from the current ``new`` entry back to the starting ``old`` one."""
+        old_mode = old.git_mode if old else MODE_FILE
+        new_mode = new.git_mode if new else MODE_FILE
+        if any(e is not None and e.kind is EntryKind.FILE and (e.size > MAX_DIFF_FILE_BYTES or not e.hashed)
+               for e in (old, new)):
+            return large_file_diff(path, new.size if new else None, old.size if old else None,
+                                   old_mode=new_mode, new_mode=old_mode)
+        return unified_diff(path, self._new_bytes(path, new) if new else None,
+                            self._old_bytes(path, old) if old else None, old_mode=new_mode, new_mode=old_mode)
 
     def _file_diff(self, path: str, old: ManifestEntry | None, new: ManifestEntry | None) -> str:
         old_mode = old.git_mode if old else MODE_FILE

@@ -85,6 +85,9 @@ class Cancelled(BaseModel):
 
 
 class CallComparison(BaseModel):
+    """One call, recorded vs re-executed (matched by call_id). Outputs and edits are given only when the
+    call is not ``same``."""
+
     call_id: str
     name: str | None
     status: Literal["same", "differs", "missing", "extra"]
@@ -92,12 +95,30 @@ class CallComparison(BaseModel):
     replayed_ok: bool | None = None
     recorded_output: str | None = None
     replayed_output: str | None = None
+    turn: int | None = None
+    step: int | None = None
+    index: int | None = None
+    args: dict[str, Any] | None = Field(None, description="the call's arguments (the recording's)")
+    recorded_duration_ms: float | None = None
+    replayed_duration_ms: float | None = None
+    differs_in: list[Literal["ok", "output", "edits"]] = Field(default_factory=list)
+    recorded_edits: list[str] | None = Field(None, description="the call's file_edit diffs in the recording")
+    replayed_edits: list[str] | None = Field(None, description="... and in the re-execution")
+
+
+class ReplayedRevert(BaseModel):
+    turn: int
+    path: str
+    ok: bool = Field(description="false: the re-executed workspace did not have that change (see detail)")
+    detail: str = ""
 
 
 class ReexecuteReport(BaseModel):
     session_id: str
     counts: dict[Literal["same", "differs", "missing", "extra"], int]
     calls: list[CallComparison]
+    reverts: list[ReplayedRevert] = Field(default_factory=list, description="files the user reverted, re-applied "
+                                          "after their turns")
 
 
 def _timed(cls: type[BaseModel]) -> type[BaseModel]:
