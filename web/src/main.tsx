@@ -65,7 +65,7 @@ function Screen({ route, me }: { route: Route; me: Me }) {
   const [section, id] = route.parts;
   switch (section ?? "chat") {
     case "chat":
-      return id ? <Chat id={id} key={id} /> : <ChatHome me={me} />;
+      return id ? <Chat id={id} key={id} me={me.name} /> : <ChatHome me={me} />;
     case "sessions":
       return <SessionBrowser query={route.query} />;
     case "replay":

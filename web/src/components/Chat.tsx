@@ -13,7 +13,7 @@ import { Problem } from "./Refused";
 import { TranscriptView } from "./TranscriptView";
 import { WorkspacePanel } from "./WorkspacePanel";
 
-export function Chat({ id }: { id: string }) {
+export function Chat({ id, me }: { id: string; me: string }) {
   const transcript = useMemo(() => new Transcript(), [id]);
   const [version, setVersion] = useState(0);
   const [session, setSession] = useState<Session | null>(null);
@@ -77,6 +77,7 @@ export function Chat({ id }: { id: string }) {
 
   const edits = transcript.edits.length;
   const ended = transcript.turns.filter((t) => t.end).length;
+  const refresh = `${edits}:${ended}:${transcript.feedbackCount}`;
   return (
     <main id="main" class="page chat">
       <div class="chat-main">
@@ -92,7 +93,7 @@ export function Chat({ id }: { id: string }) {
           <TranscriptView
             transcript={transcript} version={version}
             onApprove={(call, approved, reason) => stream.current?.send({ type: "approval", call_id: call.id, approved, reason })}
-            turnFooter={(turn) => (turn.end ? <TurnFeedback sessionId={id} turn={turn.turn} /> : null)}
+            turnFooter={(turn) => (turn.end ? <TurnFeedback sessionId={id} turn={turn.turn} given={turn.ratings.get(me)} /> : null)}
           />
         </div>
         <Problem error={error} />
@@ -110,7 +111,7 @@ export function Chat({ id }: { id: string }) {
           </div>
         </form>
       </div>
-      <WorkspacePanel sessionId={id} refresh={`${edits}:${ended}`} />
+      <WorkspacePanel sessionId={id} refresh={refresh} verdicts={transcript.verdicts} />
     </main>
   );
 }

@@ -1,24 +1,25 @@
 // Thumbs up/down with an optional comment on a finished turn. The answer goes to the session log
-// (it becomes training data later); the last one given is shown.
+// (it becomes training data later) and comes back as a `feedback` event, which the transcript shows;
+// `given` is the signed-in person's latest one.
 
 import { useEffect, useState } from "preact/hooks";
-import { feedback, feedbackAvailable, type FeedbackItem } from "../lib/feedback";
+import type { FeedbackEvent } from "../lib/events";
+import { feedback, feedbackAvailable } from "../lib/feedback";
 import { Icon } from "./Icon";
 import { Problem } from "./Refused";
 
-export function TurnFeedback({ sessionId, turn, given }: { sessionId: string; turn: number; given?: FeedbackItem }) {
-  const [mine, setMine] = useState<FeedbackItem | undefined>(given);
+export function TurnFeedback({ sessionId, turn, given }: { sessionId: string; turn: number; given?: FeedbackEvent }) {
+  const mine = given;
   const [rating, setRating] = useState<"up" | "down" | null>(null);
   const [comment, setComment] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [available, setAvailable] = useState(false);
-  useEffect(() => setMine(given), [given]);
   useEffect(() => { void feedbackAvailable().then(setAvailable); }, []);
 
   async function submit(r: "up" | "down", c: string) {
     setError(null);
     try {
-      setMine(await feedback.rateTurn(sessionId, turn, r, c));
+      await feedback.rateTurn(sessionId, turn, r, c);
       setRating(null);
       setComment("");
     } catch (err) {
@@ -33,7 +34,6 @@ export function TurnFeedback({ sessionId, turn, given }: { sessionId: string; tu
               aria-label="good answer" onClick={() => setRating("up")}><Icon name="up" /></button>
       <button type="button" class={`thumb${mine?.rating === "down" ? " on" : ""}`} aria-pressed={mine?.rating === "down"}
               aria-label="bad answer" onClick={() => setRating("down")}><Icon name="down" /></button>
-      {mine?.rating && !rating && <span class="small muted">saved{mine.comment ? `: “${mine.comment}”` : ""}</span>}
       {rating && (
         <form class="row" onSubmit={(e) => { e.preventDefault(); void submit(rating, comment); }}>
           <label for={id} class="visually-hidden">Comment (optional)</label>

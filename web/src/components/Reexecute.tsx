@@ -4,6 +4,7 @@
 import { createTwoFilesPatch } from "diff";
 import { useState } from "preact/hooks";
 import { api, type CallComparison, type ReexecuteReport } from "../lib/api";
+import { argSummary, duration } from "../lib/format";
 import { DiffView } from "./DiffView";
 import { Problem } from "./Refused";
 
@@ -43,6 +44,16 @@ export function Reexecute({ sessionId }: { sessionId: string }) {
           <ol class="comparisons">
             {shown.map((c) => <Comparison key={c.call_id} c={c} />)}
           </ol>
+          {report.reverts && report.reverts.length > 0 && (
+            <>
+              <h3>Reverts re-applied</h3>
+              <ul class="small">
+                {report.reverts.map((r) => (
+                  <li key={`${r.turn}:${r.path}`}>after turn {r.turn}: <code>{r.path}</code> {r.ok ? "reverted again" : `not re-applied: ${r.detail}`}</li>
+                ))}
+              </ul>
+            </>
+          )}
         </div>
       )}
     </section>
@@ -52,20 +63,31 @@ export function Reexecute({ sessionId }: { sessionId: string }) {
 function Comparison({ c }: { c: CallComparison }) {
   const recorded = c.recorded_output ?? "";
   const replayed = c.replayed_output ?? "";
+  const outputDiffers = c.status === "differs" && (c.differs_in?.includes("output") ?? recorded !== replayed);
+  const editsDiffer = c.differs_in?.includes("edits");
   return (
     <li class={`comparison status-${c.status}`} data-call-id={c.call_id}>
       <div class="row">
         <strong>{c.name ?? "?"}</strong> <code class="small">{c.call_id}</code>
-        <span class={`badge badge-${c.status}`}>{c.status}</span>
-        <span class="small muted">recorded {okText(c.recorded_ok)} · replayed {okText(c.replayed_ok)}</span>
+        <span class={`badge badge-${c.status}`}>{c.status}{c.differs_in?.length ? `: ${c.differs_in.join(", ")}` : ""}</span>
+        <span class="small muted">
+          recorded {okText(c.recorded_ok)} {duration(c.recorded_duration_ms ?? undefined)} · replayed {okText(c.replayed_ok)} {duration(c.replayed_duration_ms ?? undefined)}
+        </span>
       </div>
-      {c.status === "differs" ? (
+      {c.args && <div class="card-args">{argSummary(c.args)}</div>}
+      {outputDiffers ? (
         <DiffView sideBySide label={`recorded vs replayed output of ${c.call_id}`}
                   diff={createTwoFilesPatch("recorded", "replayed", ensureNl(recorded), ensureNl(replayed), "", "", { context: 3 })} />
       ) : (
         <div class="side-by-side">
-          <div><h3 class="small">recorded</h3><pre class="card-output">{c.recorded_output ?? "(none)"}</pre></div>
-          <div><h3 class="small">replayed</h3><pre class="card-output">{c.replayed_output ?? "(none)"}</pre></div>
+          <div><h3 class="small">recorded</h3><pre class="card-output">{c.recorded_output ?? "(same as replayed)"}</pre></div>
+          <div><h3 class="small">replayed</h3><pre class="card-output">{c.replayed_output ?? "(same as recorded)"}</pre></div>
+        </div>
+      )}
+      {editsDiffer && (
+        <div class="side-by-side">
+          <div><h3 class="small">recorded edits</h3>{(c.recorded_edits ?? []).map((d, i) => <DiffView key={i} diff={d} label="recorded edit" />)}</div>
+          <div><h3 class="small">replayed edits</h3>{(c.replayed_edits ?? []).map((d, i) => <DiffView key={i} diff={d} label="replayed edit" />)}</div>
         </div>
       )}
     </li>

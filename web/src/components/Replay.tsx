@@ -5,7 +5,6 @@
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
 import { api, type Session } from "../lib/api";
 import type { BaseEvent } from "../lib/events";
-import { feedback, type FeedbackItem } from "../lib/feedback";
 import { num, when } from "../lib/format";
 import { href } from "../lib/route";
 import { buildAxis, indexAt } from "../lib/timeline";
@@ -24,7 +23,6 @@ const SPEEDS = [0.5, 1, 2, 5, 20];
 export function Replay({ id }: { id: string }) {
   const [session, setSession] = useState<Session | null>(null);
   const [events, setEvents] = useState<BaseEvent[] | null>(null);
-  const [fb, setFb] = useState<FeedbackItem[]>([]);
   const [error, setError] = useState<unknown>(null);
   const [pos, setPos] = useState(0); // events applied: 0..events.length
   const [playing, setPlaying] = useState(false);
@@ -38,7 +36,6 @@ export function Replay({ id }: { id: string }) {
       setEvents(ev);
       setPos(ev.length);
     }, setError);
-    feedback.list(id).then(setFb, () => setFb([]));
   }, [id]);
 
   const axis = useMemo(() => buildAxis(events ?? []), [events]);
@@ -99,8 +96,7 @@ export function Replay({ id }: { id: string }) {
           </div>
           {view === "transcript" ? (
             <TranscriptView transcript={transcript} version={transcript.version} frozenAt={events[pos - 1]?.ts}
-                            onSelect={(c) => setSelected(c.id)} selectedCall={selected}
-                            turnFooter={(turn) => <TurnFeedbackShown items={fb.filter((f) => f.turn === turn.turn)} />} />
+                            onSelect={(c) => setSelected(c.id)} selectedCall={selected} />
           ) : (
             <ModelView sessionId={id} upto={events[pos - 1]?.seq ?? 0} />
           )}
@@ -109,7 +105,7 @@ export function Replay({ id }: { id: string }) {
           {call ? <CallDetails call={call} onClose={() => setSelected(undefined)} /> : selected ? (
             <p class="panel muted">That call has not started at this point of the replay.</p>
           ) : null}
-          <FeedbackList items={fb} />
+          <FeedbackList transcript={transcript} />
           <Reexecute sessionId={id} />
           <Branch session={session} step={stepsSoFar} steps={steps} />
         </div>
@@ -158,26 +154,19 @@ function usePlayback(playing: boolean, speed: number, times: number[], pos: numb
   }, [playing, speed, times]);
 }
 
-function TurnFeedbackShown({ items }: { items: FeedbackItem[] }) {
-  if (!items.length) return null;
-  return (
-    <ul class="feedback-shown small" aria-label="feedback on this turn">
-      {items.map((f, i) => <li key={f.id ?? i}><Icon name={f.rating === "up" ? "up" : "down"} /> {f.by ?? ""}{f.comment ? `: ${f.comment}` : ""}</li>)}
-    </ul>
-  );
-}
-
-function FeedbackList({ items }: { items: FeedbackItem[] }) {
-  const files = items.filter((f) => f.path);
-  if (!items.length) return null;
+/** Every piece of feedback given up to the replay's position (ratings per turn, file verdicts). */
+function FeedbackList({ transcript }: { transcript: Transcript }) {
+  const ratings = transcript.turns.flatMap((t) => [...t.ratings.values()]);
+  const files = [...transcript.verdicts.values()];
+  if (!ratings.length && !files.length) return null;
   return (
     <section class="panel" aria-labelledby="fb-h">
-      <h2 id="fb-h">Feedback</h2>
-      <ul class="small">
-        {items.filter((f) => f.turn != null && f.rating).map((f, i) => (
-          <li key={`t${i}`}>turn {f.turn}: <Icon name={f.rating === "up" ? "up" : "down"} /> {f.rating === "up" ? "good" : "bad"} {f.by ?? ""}{f.comment ? ` “${f.comment}”` : ""}</li>
+      <h2 id="fb-h">Feedback so far</h2>
+      <ul class="small feedback-list">
+        {ratings.map((f) => (
+          <li key={f.seq}><Icon name={f.rating === "up" ? "up" : "down"} /> turn {f.of_turn}: {f.by} rated it {f.rating === "up" ? "good" : "bad"}{f.comment ? ` “${f.comment}”` : ""}</li>
         ))}
-        {files.map((f, i) => <li key={`f${i}`}><code>{f.path}</code>: {f.verdict} {f.by ? `(${f.by})` : ""}</li>)}
+        {files.map((f) => <li key={f.seq}><code>{f.path}</code>: {f.by} {f.verdict === "revert" ? "reverted it" : "kept it"}</li>)}
       </ul>
     </section>
   );

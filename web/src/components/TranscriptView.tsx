@@ -2,7 +2,10 @@
 // of one model step side by side), errors and how the turn ended. Used live (chat) and in replay.
 
 import type { ComponentChildren } from "preact";
+import type { FeedbackEvent } from "../lib/events";
 import type { CallView, Transcript, TurnView } from "../lib/transcript";
+import { DiffView } from "./DiffView";
+import { Icon } from "./Icon";
 import { ToolCard, type ToolCardProps } from "./ToolCard";
 
 export interface TranscriptViewProps {
@@ -46,6 +49,7 @@ export function TranscriptView(props: TranscriptViewProps) {
             if (block.kind === "error") {
               return <div key={block.seq} class="msg error" role="alert">{block.source} error: {block.message}</div>;
             }
+            if (block.kind === "feedback") return <FileVerdict key={block.seq} f={block.feedback} />;
             return (
               <div key={block.seq} class={`calls${block.calls.length > 1 ? " parallel" : ""}`}
                    aria-label={`step ${block.step}: ${block.calls.length} tool call${block.calls.length > 1 ? "s" : ""}`}>
@@ -64,9 +68,32 @@ export function TranscriptView(props: TranscriptViewProps) {
           ) : (
             props.frozenAt === undefined && <div class="turn-end running" aria-live="polite">working…</div>
           )}
+          {turn.ratings.size > 0 && <Ratings ratings={[...turn.ratings.values()]} />}
           {props.turnFooter?.(turn)}
         </li>
       ))}
     </ol>
+  );
+}
+
+function Ratings({ ratings }: { ratings: FeedbackEvent[] }) {
+  return (
+    <ul class="ratings small" aria-label="feedback on this turn">
+      {ratings.map((r) => (
+        <li key={r.by}>
+          <Icon name={r.rating === "up" ? "up" : "down"} /> {r.by} rated this turn {r.rating === "up" ? "good" : "bad"}
+          {r.comment ? `: “${r.comment}”` : ""}
+        </li>
+      ))}
+    </ul>
+  );
+}
+
+function FileVerdict({ f }: { f: FeedbackEvent }) {
+  return (
+    <div class={`verdict-note verdict-${f.verdict}`}>
+      <span>{f.by} {f.verdict === "revert" ? "reverted" : "kept"} <code>{f.path}</code>{f.comment ? `: “${f.comment}”` : ""}</span>
+      {f.verdict === "revert" && f.diff && <DiffView diff={f.diff} label={`what reverting ${f.path} changed`} />}
+    </div>
   );
 }

@@ -3,13 +3,16 @@
 
 import { useEffect, useState } from "preact/hooks";
 import { api, type DiffBody } from "../lib/api";
+import type { FeedbackEvent } from "../lib/events";
 import { feedback, feedbackAvailable } from "../lib/feedback";
 import { DiffView } from "./DiffView";
 import { Problem } from "./Refused";
 
-export function WorkspacePanel({ sessionId, refresh }: { sessionId: string; refresh: string }) {
+export function WorkspacePanel({ sessionId, refresh, verdicts }: {
+  sessionId: string; refresh: string; verdicts: Map<string, FeedbackEvent>;
+}) {
   const [diff, setDiff] = useState<DiffBody | null>(null);
-  const [verdicts, setVerdicts] = useState<Record<string, string>>({});
+  const [busy, setBusy] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [sideBySide, setSideBySide] = useState(false);
   const [canJudge, setCanJudge] = useState(false);
@@ -18,22 +21,18 @@ export function WorkspacePanel({ sessionId, refresh }: { sessionId: string; refr
   useEffect(() => {
     api.diff(sessionId).then((d) => { setDiff(d); setError(null); }, setError);
   }, [sessionId, refresh]);
-  useEffect(() => {
-    feedback.list(sessionId).then((items) => {
-      const v: Record<string, string> = {};
-      for (const i of items) if (i.path && i.verdict) v[i.path] = i.verdict;
-      setVerdicts(v);
-    }, () => undefined);
-  }, [sessionId]);
-
   async function judge(path: string, verdict: "keep" | "revert") {
+    setError(null);
+    setBusy(path);
     try {
-      await feedback.judgeFile(sessionId, path, verdict);
-      setVerdicts((v) => ({ ...v, [path]: verdict }));
+      await feedback.judgeFile(sessionId, path, verdict); // the feedback event refreshes the panel
     } catch (err) {
       setError(err);
+    } finally {
+      setBusy("");
     }
   }
+  const verdictOf = (path: string) => verdicts.get(path)?.verdict;
 
   function download() {
     if (!diff) return;
@@ -59,10 +58,10 @@ export function WorkspacePanel({ sessionId, refresh }: { sessionId: string; refr
               <li key={f.path}>
                 <span class={`kind kind-${f.kind}`}>{f.kind}</span> <code>{f.path}</code>
                 {canJudge && <span class="verdict" role="group" aria-label={`keep or revert ${f.path}`}>
-                  <button type="button" class={`small${verdicts[f.path] === "keep" ? " on" : ""}`}
-                          aria-pressed={verdicts[f.path] === "keep"} onClick={() => judge(f.path, "keep")}>keep</button>
-                  <button type="button" class={`small${verdicts[f.path] === "revert" ? " on" : ""}`}
-                          aria-pressed={verdicts[f.path] === "revert"} onClick={() => judge(f.path, "revert")}>revert</button>
+                  <button type="button" class={`small${verdictOf(f.path) === "keep" ? " on" : ""}`}
+                          aria-pressed={verdictOf(f.path) === "keep"} disabled={busy === f.path} onClick={() => judge(f.path, "keep")}>keep</button>
+                  <button type="button" class={`small${verdictOf(f.path) === "revert" ? " on" : ""}`}
+                          aria-pressed={verdictOf(f.path) === "revert"} disabled={busy === f.path} onClick={() => judge(f.path, "revert")}>revert</button>
                 </span>}
               </li>
             ))}

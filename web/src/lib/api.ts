@@ -43,9 +43,13 @@ export interface CallComparison {
   call_id: string; name: string | null; status: "same" | "differs" | "missing" | "extra";
   recorded_ok?: boolean | null; replayed_ok?: boolean | null;
   recorded_output?: string | null; replayed_output?: string | null;
+  turn?: number | null; step?: number | null; index?: number | null; args?: Record<string, unknown> | null;
+  recorded_duration_ms?: number | null; replayed_duration_ms?: number | null;
+  differs_in?: ("ok" | "output" | "edits")[]; recorded_edits?: string[] | null; replayed_edits?: string[] | null;
 }
 export interface ReexecuteReport {
   session_id: string; counts: Record<"same" | "differs" | "missing" | "extra", number>; calls: CallComparison[];
+  reverts?: { turn: number; path: string; ok: boolean; detail: string }[];
 }
 
 export interface SnippetSegment { text: string; match: boolean }

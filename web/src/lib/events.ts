@@ -50,11 +50,15 @@ export interface TurnEnd extends BaseEvent {
   type: "turn_end"; reason: string; steps: number; output_tokens: number; detail: string;
 }
 export interface ErrorEvent extends BaseEvent { type: "error"; message: string; source: string }
+export interface FeedbackEvent extends BaseEvent {
+  type: "feedback"; target: "turn" | "file"; of_turn: number | null; path: string | null;
+  rating: "up" | "down" | null; verdict: "keep" | "revert" | null; comment: string; by: string; diff: string;
+}
 
 export type FlyEvent =
   | UserMessage | AssistantDelta | ToolCallDelta | ToolCallStarted | ToolCallQueued | ToolCallRunning
   | ToolOutputDelta | ApprovalRequested | ApprovalResolved | ToolResult | FileEdit | AssistantMessage
-  | TurnEnd | ErrorEvent;
+  | TurnEnd | ErrorEvent | FeedbackEvent;
 
 /** The deterministic call id of docs/protocol.md: t{turn}s{step}c{index}. */
 export function callId(turn: number, step: number, index: number): string {

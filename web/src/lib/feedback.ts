@@ -11,8 +11,10 @@ export interface FeedbackItem {
   rating?: "up" | "down" | null;
   verdict?: "keep" | "revert" | null;
   comment?: string;
-  by?: string;
+  author?: string;
   created_at?: string;
+  /** for a revert: what it changed in the workspace */
+  diff?: string;
   [k: string]: unknown;
 }
 
@@ -22,7 +24,7 @@ const f = (id: string) => `/v1/sessions/${encodeURIComponent(id)}/feedback`;
 export const feedbackAvailable = () => hasRoute("/v1/sessions/{session_id}/feedback");
 
 export const feedback = {
-  list: async (id: string) => ((await feedbackAvailable()) ? get<FeedbackItem[]>(f(id)) : []),
+  list: async (id: string) => ((await feedbackAvailable()) ? (await get<{ feedback: FeedbackItem[] }>(f(id))).feedback : []),
   rateTurn: (id: string, turn: number, rating: "up" | "down", comment: string) =>
     post<FeedbackItem>(f(id), { turn, rating, comment }),
   judgeFile: (id: string, path: string, verdict: "keep" | "revert") => post<FeedbackItem>(f(id), { path, verdict }),

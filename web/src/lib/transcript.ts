@@ -7,7 +7,7 @@
 // protocol's order (a result before its call) still show, but in a card built from the later event.
 
 import type {
-  ApprovalRequested, ApprovalResolved, BaseEvent, FileEdit, FlyEvent, ToolCallDelta, ToolCallStarted,
+  ApprovalRequested, ApprovalResolved, BaseEvent, FeedbackEvent, FileEdit, FlyEvent, ToolCallDelta, ToolCallStarted,
   ToolOutputDelta, ToolResult, TurnEnd,
 } from "./events";
 import { callId } from "./events";
@@ -45,7 +45,8 @@ export interface CallView {
 export type Block =
   | { kind: "text"; step: number; text: string; seq: number }
   | { kind: "calls"; step: number; calls: CallView[]; seq: number }
-  | { kind: "error"; message: string; source: string; seq: number };
+  | { kind: "error"; message: string; source: string; seq: number }
+  | { kind: "feedback"; feedback: FeedbackEvent; seq: number };
 
 export interface TurnView {
   turn: number;
@@ -55,6 +56,8 @@ export interface TurnView {
   blocks: Block[];
   end?: TurnEnd;
   outputTokens: number;
+  /** the latest rating of this turn by each person */
+  ratings: Map<string, FeedbackEvent>;
 }
 
 const FINAL: ReadonlySet<CallStatus> = new Set(["ok", "failed", "declined", "cancelled", "invalid"]);
@@ -67,6 +70,9 @@ export class Transcript {
   turns: TurnView[] = [];
   calls = new Map<string, CallView>();
   edits: FileEdit[] = [];
+  /** the latest keep/revert verdict per file path (by anyone) */
+  verdicts = new Map<string, FeedbackEvent>();
+  feedbackCount = 0;
   lastSeq = 0;
   version = 0;
   /** events applied, of any type (also the ones the app does not know) */
@@ -85,7 +91,7 @@ export class Transcript {
     const e = raw as FlyEvent;
     switch (e.type) {
       case "user_message":
-        this.turns.push({ turn: e.turn, userText: e.text, startTs: e.ts, firstSeq: e.seq, blocks: [], outputTokens: 0 });
+        this.turns.push({ turn: e.turn, userText: e.text, startTs: e.ts, firstSeq: e.seq, blocks: [], outputTokens: 0, ratings: new Map() });
         break;
       case "assistant_delta": {
         const turn = this.turn(e);
@@ -154,6 +160,9 @@ export class Transcript {
       case "error":
         this.turn(e).blocks.push({ kind: "error", message: e.message, source: e.source, seq: e.seq });
         break;
+      case "feedback":
+        this.feedback(e);
+        break;
       default:
         break; // a type this app does not know: ignored, as the protocol asks
     }
@@ -174,7 +183,7 @@ export class Transcript {
     let turn = this.turns[this.turns.length - 1];
     if (!turn || turn.turn !== e.turn) {
       // a log that starts mid-turn (an events page) or a branch: a turn without its user message
-      turn = { turn: e.turn, userText: "", startTs: e.ts, firstSeq: e.seq, blocks: [], outputTokens: 0 };
+      turn = { turn: e.turn, userText: "", startTs: e.ts, firstSeq: e.seq, blocks: [], outputTokens: 0, ratings: new Map() };
       this.turns.push(turn);
     }
     return turn;
@@ -213,6 +222,19 @@ export class Transcript {
     call.parsedTs = e.ts;
     call.runTs = e.ts;
     call.status = e.valid === false ? "invalid" : "running";
+  }
+
+  private feedback(e: FeedbackEvent): void {
+    this.feedbackCount += 1;
+    if (e.target === "turn") {
+      const turn = this.turns.find((t) => t.turn === e.of_turn);
+      if (turn) turn.ratings.set(e.by, e);
+      return;
+    }
+    if (e.path) this.verdicts.set(e.path, e);
+    // a verdict on a file shows where it was given (a revert changed the workspace then)
+    const last = this.turns[this.turns.length - 1];
+    if (last) last.blocks.push({ kind: "feedback", feedback: e, seq: e.seq });
   }
 
   private approvalRequested(e: ApprovalRequested): void {
