@@ -14,7 +14,6 @@ import re
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -27,13 +26,13 @@ from agent.parser import encode_call
 from backend.db.engine import make_engine, migrate
 from backend.db.log import SessionLog
 from backend.server_process import ServerProcess
+from tests.backend.conftest import postgres_reachable, postgres_schema
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("FLYWHEEL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 WEB_DIST = REPO / "web" / "dist"
 AXE = REPO / "web" / "node_modules" / "axe-core" / "axe.min.js"
-PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def missing() -> str | None:
@@ -55,14 +54,6 @@ def launch(playwright: Any) -> Any:
     return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
 
 
-def postgres_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
 @contextmanager
 def database(tmp: Path, kind: str = "auto") -> Iterator[str]:
     """A fresh PostgreSQL schema (``kind`` "postgresql", or "auto" when the server is reachable), else
@@ -70,18 +61,8 @@ def database(tmp: Path, kind: str = "auto") -> Iterator[str]:
     if kind == "sqlite" or (kind == "auto" and not postgres_reachable()):
         yield f"sqlite:///{tmp / 'flywheel.db'}"
         return
-    from sqlalchemy import text
-
-    schema = f"fwweb_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(PG_URL)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
-        yield f"{PG_URL}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    with postgres_schema("fwweb") as url:
+        yield url
 
 
 def make_workspace(root: Path) -> Path:
@@ -332,6 +313,13 @@ def axe(page: Any, *, context: str = "#app") -> list[dict[str, Any]]:
         context,
     )
     return result  # type: ignore[no-any-return]
+
+
+def check_screen(page: Any, name: str) -> None:
+    """The screen passes axe-core's WCAG A/AA rules; then write its screenshot (:func:`screenshot`)."""
+    violations = axe(page)
+    assert violations == [], violations
+    screenshot(page, name)
 
 
 def screenshot(page: Any, name: str) -> Path:

@@ -31,7 +31,7 @@ def test_sign_in_and_chat_a_turn(page: Any, server: harness.WebServer) -> None:
     page.wait_for_selector(".signin .error")
     assert "not valid" in page.inner_text(".signin .error")
     page.fill("#token", server.user)
-    page.click("form[aria-label='sign in'] button[type=submit]")
+    page.keyboard.press("Enter")  # the form submits from the keyboard
     page.wait_for_selector("nav.top")
     assert page.locator("nav.top a[href='#/runs']").count() == 0  # no staff link for a user
     assert page.evaluate("sessionStorage.getItem('flywheel.token')") == server.user
@@ -40,6 +40,8 @@ def test_sign_in_and_chat_a_turn(page: Any, server: harness.WebServer) -> None:
     # a session from the form: the policy's outputs pasted as JSON, slow enough to watch
     import json
 
+    page.wait_for_selector("#policy option[value='preset:demo']", state="attached")
+    harness.check_screen(page, "chat-home")
     page.fill("#ws-path", str(server.workspace))
     page.select_option("#policy", "scripted")
     page.fill("#outputs", json.dumps({"outputs": harness.fix_outputs(), "chunk_chars": 6, "delay_s": 0.02}))
@@ -98,9 +100,7 @@ def test_sign_in_and_chat_a_turn(page: Any, server: harness.WebServer) -> None:
     patch = Path(dl.value.path()).read_text()
     assert "-    return sum(v) / (len(v) - 1)" in patch and "+    return sum(v) / len(v)" in patch
 
-    violations = harness.axe(page)
-    assert violations == [], violations
-    harness.screenshot(page, "chat")
+    harness.check_screen(page, "chat")
 
     events = server.events(session_id)
     assert [e["type"] for e in events].count("tool_call_started") == 4
@@ -166,8 +166,12 @@ def test_approval_prompt_allows_a_command(page: Any, server: harness.WebServer) 
     page.wait_for_selector(".card.status-approval .approval")
     assert page.locator(".card.status-approval .card-time .elapsed").count() == 1
     harness.screenshot(page, "approval")
-    page.click(".approval button:has-text('Allow')")
+    page.focus(".approval input")  # keyboard only: the reason field, Tab to Allow, Enter
+    page.keyboard.type("fine")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Allow"
+    page.keyboard.press("Enter")
     page.wait_for_selector(".turn-end.reason-completed")
     card = page.locator(".card[data-call-id='t1s1c0']")
-    assert "approved-run" in card.inner_text() and "allowed by user" in card.inner_text()
+    assert "approved-run" in card.inner_text() and "allowed by user: fine" in card.inner_text()
     page.console.assert_clean()

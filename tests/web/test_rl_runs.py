@@ -37,9 +37,7 @@ def test_curve_point_to_rollouts_to_replay(page: Any, server: harness.WebServer,
     assert page.locator(".rollouts li").count() == 4
     assert "reward 1" in page.inner_text(".rollouts")
 
-    violations = harness.axe(page)
-    assert violations == [], violations
-    harness.screenshot(page, "rl-run")
+    harness.check_screen(page, "rl-run")
 
     page.locator(".rollouts a", has_text="sample 0").first.click()
     page.wait_for_selector(".timeline .bar.call")

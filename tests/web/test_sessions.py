@@ -59,9 +59,7 @@ def test_filter_search_and_page(page: Any, server: harness.WebServer, seeded: di
     page.wait_for_selector(".snippet mark")
     assert page.locator(".snippet b").count() == 0  # the model's <b> is text, not markup
 
-    violations = harness.axe(page)
-    assert violations == [], violations
     page.click("a:has-text('clear')")
     page.wait_for_selector("table.sessions tbody tr")
-    harness.screenshot(page, "sessions")
+    harness.check_screen(page, "sessions")
     page.console.assert_clean()

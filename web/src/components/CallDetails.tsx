@@ -20,11 +20,11 @@ export function CallDetails({ call, onClose }: { call: CallView; onClose: () => 
         <dt>model step</dt><dd>turn {call.turn}, step {call.step}, call {call.index}</dd>
       </dl>
       <h3>Arguments</h3>
-      <pre class="code">{JSON.stringify(call.args, null, 2)}</pre>
-      {call.output && call.output !== call.result && (<><h3>Live output</h3><pre class="card-output">{call.output}</pre></>)}
+      <pre class="code" tabIndex={0}>{JSON.stringify(call.args, null, 2)}</pre>
+      {call.output && call.output !== call.result && (<><h3>Live output</h3><pre class="card-output" tabIndex={0}>{call.output}</pre></>)}
       <h3>Output</h3>
-      <pre class="card-output">{call.result ?? "(no result yet at this point of the replay)"}</pre>
-      {call.data && Object.keys(call.data).length > 0 && (<><h3>Data</h3><pre class="code">{JSON.stringify(call.data, null, 2)}</pre></>)}
+      <pre class="card-output" tabIndex={0}>{call.result ?? "(no result yet at this point of the replay)"}</pre>
+      {call.data && Object.keys(call.data).length > 0 && (<><h3>Data</h3><pre class="code" tabIndex={0}>{JSON.stringify(call.data, null, 2)}</pre></>)}
       {call.edits.length > 0 && <h3>Diff</h3>}
       {call.edits.map((e) => <DiffView key={e.seq} diff={e.diff} label={`diff of ${e.path}`} />)}
     </section>

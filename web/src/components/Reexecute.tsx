@@ -80,8 +80,8 @@ function Comparison({ c }: { c: CallComparison }) {
                   diff={createTwoFilesPatch("recorded", "replayed", ensureNl(recorded), ensureNl(replayed), "", "", { context: 3 })} />
       ) : (
         <div class="side-by-side">
-          <div><h3 class="small">recorded</h3><pre class="card-output">{c.recorded_output ?? "(same as replayed)"}</pre></div>
-          <div><h3 class="small">replayed</h3><pre class="card-output">{c.replayed_output ?? "(same as recorded)"}</pre></div>
+          <div><h3 class="small">recorded</h3><pre class="card-output" tabIndex={0}>{c.recorded_output ?? "(same as replayed)"}</pre></div>
+          <div><h3 class="small">replayed</h3><pre class="card-output" tabIndex={0}>{c.replayed_output ?? "(same as recorded)"}</pre></div>
         </div>
       )}
       {editsDiffer && (

@@ -61,7 +61,7 @@ export function ToolCard({ call, frozenAt, onApprove, onSelect, selected }: Tool
         </div>
       )}
       {call.output && call.result === undefined && (
-        <pre class="card-output live" aria-live="off">{call.output}{call.outputCut ? "\n… (live output cut)" : ""}</pre>
+        <pre class="card-output live" aria-live="off" tabIndex={0}>{call.output}{call.outputCut ? "\n… (live output cut)" : ""}</pre>
       )}
       {call.result !== undefined && <Result call={call} />}
       {call.edits.map((e) => (
@@ -79,7 +79,7 @@ function Preview({ call }: { call: CallView }) {
       {entries.map(([param, text]) => (
         <div key={param}>
           <span class="param">{param}</span>
-          <pre class="code">{text}</pre>
+          <pre class="code" tabIndex={0}>{text}</pre>
         </div>
       ))}
     </div>
@@ -102,9 +102,9 @@ function Result({ call }: { call: CallView }) {
       )}
       {open && (lang ? (
         // highlight.js escapes the text before adding its spans
-        <pre class="card-output hljs" dangerouslySetInnerHTML={{ __html: highlight(text, lang) }} />
+        <pre class="card-output hljs" tabIndex={0} dangerouslySetInnerHTML={{ __html: highlight(text, lang) }} />
       ) : (
-        <pre class="card-output">{text}</pre>
+        <pre class="card-output" tabIndex={0}>{text}</pre>
       ))}
     </div>
   );
