@@ -6,7 +6,6 @@ import { api, ApiError, get, type Session } from "../lib/api";
 import { when } from "../lib/format";
 import type { Me } from "../lib/me";
 import { href, navigate } from "../lib/route";
-import { hasRoute } from "../lib/routes";
 import { Problem } from "./Refused";
 
 interface Suggestion { path: string; label: string }
@@ -63,24 +62,18 @@ function NewSession() {
   const [busy, setBusy] = useState(false);
 
   useEffect(() => {
-    // optional routes (web/API_NEEDS.md): a server without them gets a typed path and the two kinds
-    void hasRoute("/v1/workspaces").then(async (has) => {
-      if (!has) return;
-      const w = await get<{ suggested?: Suggestion[] }>("/v1/workspaces");
+    get<{ suggested?: Suggestion[] }>("/v1/workspaces").then((w) => {
       setSuggested(w.suggested ?? []);
       if (w.suggested?.length) setPath((p) => p || w.suggested![0].path);
-    }).catch(() => undefined);
-    void hasRoute("/v1/policies").then(async (has) => {
-      if (!has) return;
-      const p = await get<Policies>("/v1/policies");
+    }, () => undefined); // without the list the path field still works
+    get<Policies>("/v1/policies").then((p) => {
       setPolicies(p);
       const demo = p.presets?.[0];
       if (demo) {
         setPolicyKind(`preset:${demo.name}`);
         if (demo.workspace) setPath((cur) => cur || demo.workspace!);
-      }
-      else if (!p.kinds.includes("openai")) setPolicyKind("scripted");
-    }).catch(() => undefined);
+      } else if (!p.kinds.includes("openai")) setPolicyKind("scripted");
+    }, () => undefined);
   }, []);
 
   function policy(): Record<string, unknown> {

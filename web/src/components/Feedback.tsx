@@ -2,9 +2,9 @@
 // (it becomes training data later) and comes back as a `feedback` event, which the transcript shows;
 // `given` is the signed-in person's latest one.
 
-import { useEffect, useState } from "preact/hooks";
+import { useState } from "preact/hooks";
 import type { FeedbackEvent } from "../lib/events";
-import { feedback, feedbackAvailable } from "../lib/feedback";
+import { feedback } from "../lib/feedback";
 import { Icon } from "./Icon";
 import { Problem } from "./Refused";
 
@@ -13,8 +13,6 @@ export function TurnFeedback({ sessionId, turn, given }: { sessionId: string; tu
   const [rating, setRating] = useState<"up" | "down" | null>(null);
   const [comment, setComment] = useState("");
   const [error, setError] = useState<unknown>(null);
-  const [available, setAvailable] = useState(false);
-  useEffect(() => { void feedbackAvailable().then(setAvailable); }, []);
 
   async function submit(r: "up" | "down", c: string) {
     setError(null);
@@ -27,7 +25,6 @@ export function TurnFeedback({ sessionId, turn, given }: { sessionId: string; tu
     }
   }
   const id = `fb-${turn}`;
-  if (!available) return null;
   return (
     <div class="feedback" role="group" aria-label={`feedback on turn ${turn}`}>
       <button type="button" class={`thumb${mine?.rating === "up" ? " on" : ""}`} aria-pressed={mine?.rating === "up"}

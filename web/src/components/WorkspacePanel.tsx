@@ -4,7 +4,7 @@
 import { useEffect, useState } from "preact/hooks";
 import { api, type DiffBody } from "../lib/api";
 import type { FeedbackEvent } from "../lib/events";
-import { feedback, feedbackAvailable } from "../lib/feedback";
+import { feedback } from "../lib/feedback";
 import { DiffView } from "./DiffView";
 import { Problem } from "./Refused";
 
@@ -15,8 +15,6 @@ export function WorkspacePanel({ sessionId, refresh, verdicts }: {
   const [busy, setBusy] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [sideBySide, setSideBySide] = useState(false);
-  const [canJudge, setCanJudge] = useState(false);
-  useEffect(() => { void feedbackAvailable().then(setCanJudge); }, []);
 
   useEffect(() => {
     api.diff(sessionId).then((d) => { setDiff(d); setError(null); }, setError);
@@ -57,12 +55,12 @@ export function WorkspacePanel({ sessionId, refresh, verdicts }: {
             {diff.files.map((f) => (
               <li key={f.path}>
                 <span class={`kind kind-${f.kind}`}>{f.kind}</span> <code>{f.path}</code>
-                {canJudge && <span class="verdict" role="group" aria-label={`keep or revert ${f.path}`}>
+                <span class="verdict" role="group" aria-label={`keep or revert ${f.path}`}>
                   <button type="button" class={`small${verdictOf(f.path) === "keep" ? " on" : ""}`}
                           aria-pressed={verdictOf(f.path) === "keep"} disabled={busy === f.path} onClick={() => judge(f.path, "keep")}>keep</button>
                   <button type="button" class={`small${verdictOf(f.path) === "revert" ? " on" : ""}`}
                           aria-pressed={verdictOf(f.path) === "revert"} disabled={busy === f.path} onClick={() => judge(f.path, "revert")}>revert</button>
-                </span>}
+                </span>
               </li>
             ))}
           </ul>

@@ -1,8 +1,7 @@
 // Feedback on a session: thumbs up/down (and a comment) on a turn, keep/revert on a changed file.
 // Stored by the server in the session log (docs/protocol.md, "Feedback"), shown again in replay.
 
-import { get, post } from "./api";
-import { hasRoute } from "./routes";
+import { post } from "./api";
 
 export interface FeedbackItem {
   id?: number;
@@ -20,11 +19,7 @@ export interface FeedbackItem {
 
 const f = (id: string) => `/v1/sessions/${encodeURIComponent(id)}/feedback`;
 
-/** Whether this server takes feedback (an older one does not: the app then hides the controls). */
-export const feedbackAvailable = () => hasRoute("/v1/sessions/{session_id}/feedback");
-
 export const feedback = {
-  list: async (id: string) => ((await feedbackAvailable()) ? (await get<{ feedback: FeedbackItem[] }>(f(id))).feedback : []),
   rateTurn: (id: string, turn: number, rating: "up" | "down", comment: string) =>
     post<FeedbackItem>(f(id), { turn, rating, comment }),
   judgeFile: (id: string, path: string, verdict: "keep" | "revert") => post<FeedbackItem>(f(id), { path, verdict }),
