@@ -3,7 +3,7 @@
 // a call's details on click; feedback given on the session; re-execute and branch.
 
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
-import { api, type Session } from "../lib/api";
+import { api, type CallsBody, type Session } from "../lib/api";
 import type { BaseEvent } from "../lib/events";
 import { num, when } from "../lib/format";
 import { href } from "../lib/route";
@@ -23,6 +23,7 @@ const SPEEDS = [0.5, 1, 2, 5, 20];
 export function Replay({ id }: { id: string }) {
   const [session, setSession] = useState<Session | null>(null);
   const [events, setEvents] = useState<BaseEvent[] | null>(null);
+  const [timings, setTimings] = useState<CallsBody | null>(null);
   const [error, setError] = useState<unknown>(null);
   const [pos, setPos] = useState(0); // events applied: 0..events.length
   const [playing, setPlaying] = useState(false);
@@ -31,14 +32,15 @@ export function Replay({ id }: { id: string }) {
   const [view, setView] = useState<"transcript" | "model">("transcript");
 
   useEffect(() => {
-    Promise.all([api.session(id), api.timeline(id)]).then(([s, ev]) => {
+    Promise.all([api.session(id), api.timeline(id), api.calls(id)]).then(([s, ev, calls]) => {
       setSession(s);
       setEvents(ev);
+      setTimings(calls);
       setPos(ev.length);
     }, setError);
   }, [id]);
 
-  const axis = useMemo(() => buildAxis(events ?? []), [events]);
+  const axis = useMemo(() => buildAxis(events ?? [], timings), [events, timings]);
   const transcript = useIncrementalFold(events ?? [], pos);
   const at = pos > 0 ? axis.times[pos - 1] : 0;
   const steps = useMemo(() => (events ?? []).filter((e) => e.type === "assistant_message").length, [events]);

@@ -58,6 +58,13 @@ export interface SessionPage { sessions: BrowsedSession[]; next_cursor: string |
 export interface Facets { owners: string[]; policies: string[]; runs: string[] }
 export interface ConversationMessage { role: "system" | "user" | "assistant" | "tool"; content: string; seq: number | null }
 
+export interface CallTiming {
+  call_id: string; turn: number; step: number; index: number; name: string | null; started_t: number;
+  running_t: number | null; ended_t: number | null; ok: boolean | null; duration_ms: number | null;
+}
+export interface StepTiming { turn: number; step: number; started_t: number; ended_t: number | null }
+export interface CallsBody { t0: number; calls: CallTiming[]; steps: StepTiming[] }
+
 export type Query = Record<string, string | number | boolean | null | undefined>;
 
 export function qs(query: Query = {}): string {
@@ -111,6 +118,7 @@ export const api = {
   timeline: (id: string) => get<BaseEvent[]>(`${s(id)}/timeline`),
   reexecute: (id: string) => post<ReexecuteReport>(`${s(id)}/reexecute`),
   branch: (id: string, body: unknown) => post<Session>(`${s(id)}/branch`, body),
+  calls: (id: string) => get<CallsBody>(`${s(id)}/calls`, { outputs: false }),
   branches: (id: string) => get<Session[]>(`${s(id)}/branches`),
   conversation: (id: string, upto?: number) =>
     get<{ messages: ConversationMessage[]; upto: number }>(`${s(id)}/conversation`, { upto }),

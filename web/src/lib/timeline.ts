@@ -1,9 +1,10 @@
-// Replay's time axis: each tool call as an interval (dispatched -> result), each model step as an
-// interval (first text -> its assistant_message), lanes assigned so that calls that overlap in time
-// (parallel calls) sit on different rows. Times are seconds since the session's first event (`t`).
+// Replay's time axis, drawn from the server's call timings (GET /v1/sessions/{id}/calls: when each
+// tool call was dispatched, started running and ended; when each model step was asked and answered).
+// The app only lays the bars out: lanes so that calls which overlap in time (parallel calls) sit on
+// different rows. Times are seconds since the session's first event, as the timeline's `t`.
 
+import type { CallsBody } from "./api";
 import type { BaseEvent } from "./events";
-import { callId } from "./events";
 
 export interface Bar {
   id: string;
@@ -13,10 +14,7 @@ export interface Bar {
   step: number;
   start: number;
   end: number;
-  /** index in the event list of the event that opens / closes the bar */
-  startIndex: number;
-  endIndex: number;
-  ok?: boolean;
+  ok?: boolean | null;
   lane: number;
 }
 
@@ -28,47 +26,21 @@ export interface Axis {
   times: number[];
 }
 
-export function buildAxis(events: readonly BaseEvent[]): Axis {
+export function buildAxis(events: readonly BaseEvent[], timings: CallsBody | null): Axis {
   const t0 = events.length ? events[0].ts : 0;
   const times = events.map((e) => e.t ?? e.ts - t0);
-  const calls = new Map<string, Bar>();
-  const models = new Map<string, Bar>();
-  events.forEach((e, i) => {
-    const t = times[i];
-    const step = (e.step as number | undefined) ?? 0;
-    if (e.type === "assistant_delta" || e.type === "tool_call_delta" || e.type === "assistant_message") {
-      const key = `t${e.turn}s${step}`;
-      let bar = models.get(key);
-      if (!bar) {
-        bar = { id: key, kind: "model", label: `model step ${step}`, turn: e.turn, step, start: t, end: t,
-                startIndex: i, endIndex: i, lane: 0 };
-        models.set(key, bar);
-      }
-      bar.end = t;
-      bar.endIndex = i;
-    }
-    if (e.type === "tool_call_started" || e.type === "tool_call_running" || e.type === "tool_result") {
-      const id = (e.call_id as string | undefined) ?? callId(e.turn, step, (e.index as number) ?? 0);
-      let bar = calls.get(id);
-      if (!bar) {
-        bar = { id, kind: "call", label: String(e.name ?? "?"), turn: e.turn, step, start: t, end: t,
-                startIndex: i, endIndex: i, lane: 0 };
-        calls.set(id, bar);
-      }
-      if (e.type === "tool_call_running") bar.start = t; // it waited (queued / approval) until here
-      if (e.type === "tool_result") {
-        bar.end = t;
-        bar.endIndex = i;
-        bar.ok = e.ok as boolean;
-        if (e.name) bar.label = String(e.name);
-      }
-    }
-  });
   const duration = times.length ? times[times.length - 1] : 0;
-  for (const bar of calls.values()) if (bar.endIndex === bar.startIndex) bar.end = duration; // never finished
-  const callBars = [...calls.values()].sort((a, b) => a.start - b.start || a.startIndex - b.startIndex);
-  const lanes = assignLanes(callBars);
-  return { bars: [...models.values(), ...callBars], lanes, duration, times };
+  const models: Bar[] = (timings?.steps ?? []).map((s) => ({
+    id: `t${s.turn}s${s.step}`, kind: "model", label: `model step ${s.step}`, turn: s.turn, step: s.step,
+    start: s.started_t, end: s.ended_t ?? duration, lane: 0,
+  }));
+  const calls: Bar[] = (timings?.calls ?? []).map((c) => ({
+    id: c.call_id, kind: "call", label: c.name ?? "?", turn: c.turn, step: c.step,
+    start: c.running_t ?? c.started_t, end: c.ended_t ?? duration, ok: c.ok, lane: 0,
+  }));
+  calls.sort((a, b) => a.start - b.start);
+  const lanes = assignLanes(calls);
+  return { bars: [...models, ...calls], lanes, duration, times };
 }
 
 /** Greedy interval colouring: each bar takes the first lane free at its start. Returns the lane count. */
