@@ -13,11 +13,13 @@ from tests.web import harness
 
 @pytest.fixture(scope="module")
 def recorded(server: harness.WebServer) -> dict[str, Any]:
-    """A finished session whose first step runs two commands at the same time."""
+    """A finished session whose first step runs two commands at the same time (and one whose output
+    is new on every run, so re-executing it differs)."""
     outputs = [
         "Two checks at once.\n\n" + encode_call("run_command", {"command": "sleep 0.4; echo first"}) + "\n"
         + encode_call("run_command", {"command": "sleep 0.4; echo second"}) + "\n"
-        + encode_call("read_file", {"path": "stats.py"}),
+        + encode_call("read_file", {"path": "stats.py"}) + "\n"
+        + encode_call("run_command", {"command": "python3 -c 'import uuid; print(uuid.uuid4())'"}),
         "Fixing it.\n\n" + encode_call("edit_file", {"path": "stats.py", "search": "(len(v) - 1)", "replace": "len(v)"}),
         "Fixed the mean.",
     ]
@@ -94,11 +96,15 @@ def test_reexecute_and_branch(page: Any, server: harness.WebServer, recorded: di
     page.click("button:has-text('Re-execute')")
     page.wait_for_selector(".reexec-report", timeout=60_000)
     calls = sum(e["type"] == "tool_call_started" for e in recorded["events"])
-    assert page.inner_text(".count-same") == f"{calls} same"
-    assert page.inner_text(".count-differs") == "0 differs"
-    page.uncheck(".reexec-report input[type=checkbox]")  # show every call, side by side
-    assert page.locator(".comparison.status-same").count() == calls
-    assert page.locator(".comparison .side-by-side").count() == calls
+    assert page.inner_text(".count-same") == f"{calls - 1} same"
+    assert page.inner_text(".count-differs") == "1 differs"
+    # the call that differs, recorded and replayed output side by side
+    differs = page.locator(".comparison.status-differs")
+    assert differs.count() == 1 and differs.get_attribute("data-call-id") == "t1s1c3"
+    differs.locator(".d2h-file-side-diff").first.wait_for()
+    assert differs.locator(".d2h-file-side-diff").count() == 2  # two columns: recorded | replayed
+    page.uncheck(".reexec-report input[type=checkbox]")  # every call
+    assert page.locator(".comparison.status-same").count() == calls - 1
 
     page.fill("#from-step", "1")
     page.fill("#branch-outputs", '["The branch takes over after step 1."]')

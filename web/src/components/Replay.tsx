@@ -3,7 +3,7 @@
 // a call's details on click; feedback given on the session; re-execute and branch.
 
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
-import { api, type CallsBody, type Session } from "../lib/api";
+import { allEvents, api, type CallsBody, type Session } from "../lib/api";
 import type { BaseEvent } from "../lib/events";
 import { num, when } from "../lib/format";
 import { href } from "../lib/route";
@@ -32,7 +32,8 @@ export function Replay({ id }: { id: string }) {
   const [view, setView] = useState<"transcript" | "model">("transcript");
 
   useEffect(() => {
-    Promise.all([api.session(id), api.timeline(id), api.calls(id)]).then(([s, ev, calls]) => {
+    // the log in pages of 5,000 (lighter for the server than /timeline; times are taken from `ts`)
+    Promise.all([api.session(id), allEvents(id), api.calls(id)]).then(([s, ev, calls]) => {
       setSession(s);
       setEvents(ev);
       setTimings(calls);

@@ -115,7 +115,6 @@ export const api = {
   diff: (id: string) => get<DiffBody>(`${s(id)}/diff`),
   send: (id: string, text: string) => post<{ accepted: true }>(`${s(id)}/messages`, { text }),
   interrupt: (id: string) => post<{ interrupted: boolean }>(`${s(id)}/interrupt`),
-  timeline: (id: string) => get<BaseEvent[]>(`${s(id)}/timeline`),
   reexecute: (id: string) => post<ReexecuteReport>(`${s(id)}/reexecute`),
   branch: (id: string, body: unknown) => post<Session>(`${s(id)}/branch`, body),
   calls: (id: string) => get<CallsBody>(`${s(id)}/calls`, { outputs: false }),

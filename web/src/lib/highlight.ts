@@ -18,9 +18,11 @@ import typescript from "highlight.js/lib/languages/typescript";
 import xml from "highlight.js/lib/languages/xml";
 import yaml from "highlight.js/lib/languages/yaml";
 import ini from "highlight.js/lib/languages/ini";
+import plaintext from "highlight.js/lib/languages/plaintext";
 import cpp from "highlight.js/lib/languages/cpp";
 
-const LANGS = { bash, css, diff, go, java, javascript, json, markdown, python, rust, shell, sql, typescript, xml, yaml, ini, cpp };
+// plaintext: what diff2html asks for when a file name has no known extension
+const LANGS = { bash, css, diff, go, java, javascript, json, markdown, python, rust, shell, sql, typescript, xml, yaml, ini, cpp, plaintext };
 for (const [name, lang] of Object.entries(LANGS)) hljs.registerLanguage(name, lang);
 
 const BY_EXT: Record<string, string> = {
