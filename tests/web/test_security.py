@@ -37,3 +37,19 @@ def test_token_never_in_a_url_and_nothing_inline(page: Any, server: harness.WebS
     assert "script-src 'self'" in index.headers["content-security-policy"]
     assert "<script>" not in index.text and "<script type=\"module\" crossorigin src=" in index.text
     page.console.assert_clean()
+
+
+def test_a_revoked_token_signs_the_tab_out(page: Any, server: harness.WebServer) -> None:
+    import subprocess
+    import sys
+
+    token = server.log.create_token("carol", "user")
+    harness.sign_in(page, server.url, token)
+    r = subprocess.run([sys.executable, "-m", "backend.cli", "token", "revoke", "carol", "--db", server.db_url],
+                       cwd=harness.REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    page.click("nav.top a:has-text('Sessions')")  # the next request is refused
+    page.wait_for_selector(".signin .error")
+    assert "no longer accepts your token" in page.inner_text(".signin .error")
+    assert page.evaluate("sessionStorage.getItem('flywheel.token')") is None
+    page.console.assert_clean(r"status of 401 \(Unauthorized\)")

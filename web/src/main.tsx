@@ -9,7 +9,7 @@ import { ChatHome } from "./components/ChatHome";
 import { Problem } from "./components/Refused";
 import { lazyScreen } from "./components/Lazy";
 import { SignIn } from "./components/SignIn";
-import { ApiError } from "./lib/api";
+import { ApiError, UNAUTHORIZED } from "./lib/api";
 import { clearToken, getToken } from "./lib/auth";
 import { type Me, whoAmI } from "./lib/me";
 import { href, type Route, useRoute } from "./lib/route";
@@ -26,6 +26,16 @@ function App() {
   const [me, setMe] = useState<Me | null>(null);
   const [checking, setChecking] = useState(() => getToken() !== null);
   const [notice, setNotice] = useState("");
+
+  useEffect(() => {
+    const signedOut = () => {
+      clearToken();
+      setMe(null);
+      setNotice("The server no longer accepts your token (revoked?); sign in again.");
+    };
+    window.addEventListener(UNAUTHORIZED, signedOut);
+    return () => window.removeEventListener(UNAUTHORIZED, signedOut);
+  }, []);
 
   useEffect(() => {
     if (!getToken()) return;

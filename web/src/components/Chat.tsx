@@ -34,7 +34,10 @@ export function Chat({ id, me }: { id: string; me: string }) {
         setVersion(transcript.version);
       },
       onStatus: setStatus,
-      onRequestError: (e) => setError(new Error(`${e.message} (${e.status})`)),
+      onRequestError: (e) => {
+        setSentAt(null);
+        setError(new Error(`${e.message} (${e.status})`));
+      },
     });
     stream.current = s;
     return () => s.close();
@@ -45,18 +48,21 @@ export function Chat({ id, me }: { id: string; me: string }) {
     if (el && stick.current) el.scrollTop = el.scrollHeight;
   }, [version]);
 
-  const running = transcript.runningTurn !== undefined;
+  const [sentAt, setSentAt] = useState<number | null>(null); // turns seen when a message was sent
+  const running = transcript.runningTurn !== undefined || (sentAt !== null && transcript.turns.length === sentAt);
 
   async function send(e?: Event) {
     e?.preventDefault();
     const body = text.trim();
     if (!body || running) return;
     setError(null);
+    setSentAt(transcript.turns.length);
     const sent = stream.current?.send({ type: "user_message", text: body });
     try {
       if (!sent) await api.send(id, body); // the socket is down: REST starts the turn, the stream catches up
       setText("");
     } catch (err) {
+      setSentAt(null);
       setError(err);
     }
   }

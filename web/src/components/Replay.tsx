@@ -3,7 +3,7 @@
 // a call's details on click; feedback given on the session; re-execute and branch.
 
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
-import { allEvents, api, type CallsBody, type Session } from "../lib/api";
+import { allEvents, api, type Session } from "../lib/api";
 import type { BaseEvent } from "../lib/events";
 import { num, when } from "../lib/format";
 import { href } from "../lib/route";
@@ -23,7 +23,6 @@ const SPEEDS = [0.5, 1, 2, 5, 20];
 export function Replay({ id }: { id: string }) {
   const [session, setSession] = useState<Session | null>(null);
   const [events, setEvents] = useState<BaseEvent[] | null>(null);
-  const [timings, setTimings] = useState<CallsBody | null>(null);
   const [error, setError] = useState<unknown>(null);
   const [pos, setPos] = useState(0); // events applied: 0..events.length
   const [playing, setPlaying] = useState(false);
@@ -33,17 +32,16 @@ export function Replay({ id }: { id: string }) {
 
   useEffect(() => {
     // the log in pages of 5,000 (lighter for the server than /timeline; times are taken from `ts`)
-    Promise.all([api.session(id), allEvents(id), api.calls(id)]).then(([s, ev, calls]) => {
+    Promise.all([api.session(id), allEvents(id)]).then(([s, ev]) => {
       setSession(s);
       setEvents(ev);
-      setTimings(calls);
       setPos(ev.length);
     }, setError);
   }, [id]);
 
-  const axis = useMemo(() => buildAxis(events ?? [], timings), [events, timings]);
+  const axis = useMemo(() => buildAxis(events ?? [], fold(events ?? [])), [events]);
   const transcript = useIncrementalFold(events ?? [], pos);
-  const at = pos > 0 ? axis.times[pos - 1] : 0;
+  const at = pos > 0 ? axis.times[pos - 1] : 0; // seconds since the first event
   const steps = useMemo(() => (events ?? []).filter((e) => e.type === "assistant_message").length, [events]);
   const stepsSoFar = useMemo(() => (events ?? []).slice(0, pos).filter((e) => e.type === "assistant_message").length, [events, pos]);
   usePlayback(playing, speed, axis.times, pos, setPos, () => setPlaying(false));

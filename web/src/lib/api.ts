@@ -5,6 +5,9 @@
 import { getToken } from "./auth";
 import type { BaseEvent } from "./events";
 
+/** Dispatched on window when the server refuses the tab's token (401). */
+export const UNAUTHORIZED = "flywheel:unauthorized";
+
 export class ApiError extends Error {
   constructor(readonly status: number, message: string, readonly code: string = "") {
     super(message);
@@ -58,13 +61,6 @@ export interface SessionPage { sessions: BrowsedSession[]; next_cursor: string |
 export interface Facets { owners: string[]; policies: string[]; runs: string[] }
 export interface ConversationMessage { role: "system" | "user" | "assistant" | "tool"; content: string; seq: number | null }
 
-export interface CallTiming {
-  call_id: string; turn: number; step: number; index: number; name: string | null; started_t: number;
-  running_t: number | null; ended_t: number | null; ok: boolean | null; duration_ms: number | null;
-}
-export interface StepTiming { turn: number; step: number; started_t: number; ended_t: number | null }
-export interface CallsBody { t0: number; calls: CallTiming[]; steps: StepTiming[] }
-
 export type Query = Record<string, string | number | boolean | null | undefined>;
 
 export function qs(query: Query = {}): string {
@@ -94,6 +90,8 @@ export async function request<T>(method: string, path: string, body?: unknown, t
     }
   }
   if (!res.ok) {
+    // a token revoked (or expired) while the app runs: the shell goes back to the sign-in screen
+    if (res.status === 401 && token) window.dispatchEvent(new CustomEvent(UNAUTHORIZED));
     const d = data as { detail?: unknown; code?: string } | undefined;
     const detail = typeof d?.detail === "string" ? d.detail : `${res.status} ${res.statusText}`;
     throw new ApiError(res.status, detail, d?.code ?? "");
@@ -117,7 +115,6 @@ export const api = {
   interrupt: (id: string) => post<{ interrupted: boolean }>(`${s(id)}/interrupt`),
   reexecute: (id: string) => post<ReexecuteReport>(`${s(id)}/reexecute`),
   branch: (id: string, body: unknown) => post<Session>(`${s(id)}/branch`, body),
-  calls: (id: string) => get<CallsBody>(`${s(id)}/calls`, { outputs: false }),
   branches: (id: string) => get<Session[]>(`${s(id)}/branches`),
   conversation: (id: string, upto?: number) =>
     get<{ messages: ConversationMessage[]; upto: number }>(`${s(id)}/conversation`, { upto }),

@@ -1,10 +1,13 @@
-// Replay's time axis, drawn from the server's call timings (GET /v1/sessions/{id}/calls: when each
-// tool call was dispatched, started running and ended; when each model step was asked and answered).
-// The app only lays the bars out: lanes so that calls which overlap in time (parallel calls) sit on
-// different rows. Times are seconds since the session's first event, as the timeline's `t`.
+// Replay's time axis. The bars come from the same fold of the events that draws the transcript
+// (lib/transcript.ts: when each call was dispatched, started running and ended), plus each model
+// step (asked after the event before its first one, answered by its assistant_message), the
+// definitions GET /v1/sessions/{id}/calls uses too. Folding the events the view already holds
+// (instead of asking /calls as well) halves what the server does to open a long recording.
+// Lanes put calls that overlap in time (parallel calls) on different rows. Times are seconds since
+// the session's first event.
 
-import type { CallsBody } from "./api";
 import type { BaseEvent } from "./events";
+import type { Transcript } from "./transcript";
 
 export interface Bar {
   id: string;
@@ -26,17 +29,23 @@ export interface Axis {
   times: number[];
 }
 
-export function buildAxis(events: readonly BaseEvent[], timings: CallsBody | null): Axis {
+export function buildAxis(events: readonly BaseEvent[], full: Transcript): Axis {
   const t0 = events.length ? events[0].ts : 0;
-  const times = events.map((e) => e.t ?? e.ts - t0);
+  const times = events.map((e) => e.ts - t0);
   const duration = times.length ? times[times.length - 1] : 0;
-  const models: Bar[] = (timings?.steps ?? []).map((s) => ({
-    id: `t${s.turn}s${s.step}`, kind: "model", label: `model step ${s.step}`, turn: s.turn, step: s.step,
-    start: s.started_t, end: s.ended_t ?? duration, lane: 0,
-  }));
-  const calls: Bar[] = (timings?.calls ?? []).map((c) => ({
-    id: c.call_id, kind: "call", label: c.name ?? "?", turn: c.turn, step: c.step,
-    start: c.running_t ?? c.started_t, end: c.ended_t ?? duration, ok: c.ok, lane: 0,
+  const models: Bar[] = [];
+  const asked = new Map<string, number>();
+  events.forEach((e, i) => {
+    const key = `t${e.turn}s${String(e.step)}`;
+    if (typeof e.step === "number" && !asked.has(key)) asked.set(key, i > 0 ? times[i - 1] : 0);
+    if (e.type === "assistant_message") {
+      models.push({ id: key, kind: "model", label: `model step ${String(e.step)}`, turn: e.turn, step: e.step as number,
+                    start: asked.get(key) ?? times[i], end: times[i], lane: 0 });
+    }
+  });
+  const calls: Bar[] = [...full.calls.values()].filter((c) => c.parsedTs !== undefined).map((c) => ({
+    id: c.id, kind: "call", label: c.name ?? "?", turn: c.turn, step: c.step,
+    start: (c.runTs ?? c.parsedTs!) - t0, end: c.endTs !== undefined ? c.endTs - t0 : duration, ok: c.ok, lane: 0,
   }));
   calls.sort((a, b) => a.start - b.start);
   const lanes = assignLanes(calls);
