@@ -6,8 +6,9 @@ browser's Performance API:
   token already in the tab's sessionStorage) to the app's navigation on screen; p50 and max of
   ``--loads`` fresh tabs (targets: < 1 s);
 * a 5,000-event recording (``--events``) opening in replay: from setting ``#/replay/ID`` in a loaded
-  app to the frame after the timeline and the transcript show the last event (target < 2 s); the
-  recording is seeded through the RL rollout log (``backend.rl_log``), the path real rollouts take;
+  app to the frame after the timeline and the transcript show the last event (target < 2 s), split
+  into the server's part (until the log's last byte arrived) and the app's (fold, layout, paint);
+  the recording is seeded through the RL rollout log (``backend.rl_log``), the path real rollouts take;
 * streaming: a live scripted turn that emits one character per ``assistant_delta`` as fast as the
   server produces them (the rate is measured from the log: the target needs >= 200 events/s), then
   two tool calls, watched in the chat; frames counted with ``requestAnimationFrame`` while it
@@ -110,25 +111,33 @@ def seed_recording(srv: harness.WebServer, n_events: int) -> str:
 
 
 def replay_open(page: Any, srv: harness.WebServer, sid: str, n: int, repeats: int) -> dict[str, Any]:
-    times = []
+    """Open the recording ``repeats`` times; split each into the server's part (until the last byte of
+    the log arrived, Resource Timing) and the app's (folding, laying out and painting it)."""
+    total, server, app = [], [], []
     for _ in range(repeats):
         page.goto(f"{srv.url}/#/")
         page.wait_for_selector("nav.top")
-        ms = page.evaluate("""([id, n]) => new Promise((resolve) => {
+        page.evaluate("performance.clearResourceTimings()")
+        ms, t0 = page.evaluate("""([id, n]) => new Promise((resolve) => {
           const t0 = performance.now();
           location.hash = '#/replay/' + id;
           const check = () => {
             const p = document.querySelector('.position');
             if (p && p.textContent.startsWith(`event ${n}/${n}`) && document.querySelector('.timeline .bar.call'))
-              requestAnimationFrame(() => resolve(performance.now() - t0));
+              requestAnimationFrame(() => resolve([performance.now() - t0, t0]));
             else setTimeout(check, 2);
           };
           check();
         })""", [sid, n])
-        times.append(ms)
+        arrived = page.evaluate("Math.max(...performance.getEntriesByType('resource').filter(r => r.name.includes('/v1/'))"
+                                ".map(r => r.responseEnd))")
+        total.append(ms)
+        server.append(arrived - t0)
+        app.append(ms - (arrived - t0))
     bars = page.locator(".timeline .bar.call").count()
-    return {"events": n, "p50_ms": round(statistics.median(times), 1), "max_ms": round(max(times), 1),
-            "runs": repeats, "call_bars": bars}
+    med = lambda v: round(statistics.median(v), 1)  # noqa: E731
+    return {"events": n, "p50_ms": med(total), "max_ms": round(max(total), 1), "runs": repeats, "call_bars": bars,
+            "server_p50_ms": med(server), "app_p50_ms": med(app), "app_max_ms": round(max(app), 1)}
 
 
 def frame_stats(page: Any, start: float, end: float) -> dict[str, Any]:
