@@ -26,6 +26,7 @@ from backend.hub import Hub, HubError
 from backend.policies import PolicyConfigError, PolicyFactory
 from backend.run_log import run_in_progress
 from backend.settings import Settings
+from backend.web_app import mount_web_app
 from tools.sandbox import SandboxUnavailable, make_sandbox
 from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
 
@@ -90,6 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(replay.router)
     app.include_router(changes.router)
     app.include_router(ws.router)
+    mount_web_app(app, settings.web_dist)
 
     return app
 

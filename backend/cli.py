@@ -612,6 +612,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     url = f"http://{settings.host}:{port}"
     print(f"Flywheel is serving at {url}  (API docs: {url}/docs)", flush=True)
+    from backend.web_app import is_built
+
+    if is_built(settings.web_dist):
+        print(f"web app: {url}/  (sign in with a token)", flush=True)
+    else:
+        print(f"web app: not built ({settings.web_dist} is missing); run scripts/setup.sh, or "
+              "`cd web && npm ci && npm run build` (Node.js >= 18)", flush=True)
     if token_file.exists():
         print(f"token: {token_file.read_text().strip()}  (staff; stored in {token_file})", flush=True)
     if token_file.exists():

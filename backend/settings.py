@@ -38,6 +38,8 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEMO_WORKSPACE = Path(__file__).with_name("demo") / "workspace"
+WEB_DIST = Path(__file__).resolve().parents[1] / "web" / "dist"
+"""Where ``scripts/setup.sh`` (``npm ci && npm run build`` in ``web/``) puts the built web app."""
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8421
 DEFAULT_SERVER = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
@@ -192,6 +194,7 @@ class Settings(LocalSettings):
     max_sessions_running: int = Field(256, ge=1)
     max_sockets_per_token: int = Field(32, ge=1, description="WebSockets one token may hold open at a time "
                                        "(more are refused with 429)")
+    web_dist: Path = Field(WEB_DIST, description="the built web app served at / (scripts/setup.sh builds web/ there)")
 
     @field_validator("allowed_roots", mode="after")
     @classmethod

@@ -25,14 +25,10 @@ def postgres_reachable() -> bool:
     return server_reachable(PG_URL)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fw.db'}"
-        return
-    if not postgres_reachable():
-        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (start it to run these tests on it)")
-    schema = f"fwtest_{uuid.uuid4().hex[:12]}"
+@contextmanager
+def postgres_schema(prefix: str = "fwtest") -> Iterator[str]:
+    """A database URL on a fresh PostgreSQL schema (dropped afterwards) at :data:`PG_URL`."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = make_engine(PG_URL)
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
@@ -42,6 +38,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fw.db'}"
+        return
+    if not postgres_reachable():
+        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (start it to run these tests on it)")
+    with postgres_schema() as url:
+        yield url
 
 
 @dataclass
