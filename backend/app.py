@@ -21,6 +21,7 @@ from backend.db.log import EventWriter, SessionLog
 from backend.hub import Hub, HubError
 from backend.policies import PolicyConfigError, PolicyFactory
 from backend.settings import Settings
+from tools.mcp_client import McpToolset
 from tools.sandbox import SandboxUnavailable, make_sandbox
 from tools.workspace import WorkspaceError, WorkspaceStore
 
@@ -53,8 +54,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             from embeddings.background import IndexPool
 
             indexes = IndexPool(settings.search_index_dir)
+        toolset = await _external_tools(settings)
         hub = Hub(
-            log_=session_log, writer=writer, store=store, sandbox=sandbox,
+            log_=session_log, writer=writer, store=store, sandbox=sandbox, extra_tools=tuple(toolset.tools),
             policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,
                                    openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
             client_queue_events=settings.client_queue_events, indexes=indexes,
@@ -67,6 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await hub.shutdown()
+            await toolset.close()
             writer.close()
             engine.dispose()
 
@@ -88,6 +91,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(ws.router)
 
     return app
+
+
+async def _external_tools(settings: Settings) -> McpToolset:
+    """The MCP servers of ``settings.mcp_config`` (else the config file's ``[mcp_servers]``),
+    connected; one that does not connect is logged and left out. A bad config stops the start."""
+    from backend.mcp_config import config_file_servers, load_mcp_file, open_toolset
+
+    configs = load_mcp_file(settings.mcp_config) if settings.mcp_config is not None else config_file_servers()
+    if not configs:
+        return McpToolset()
+    return await open_toolset(configs, log.warning)
 
 
 # Documented on every route: the error statuses any route can answer with, all one shape.

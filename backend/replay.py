@@ -14,6 +14,11 @@ tool set; each recorded turn runs with its own scripted policy and a step
 limit of its recorded length, passed to ``run_turn`` (the session's own
 policy and limits are what a branch continues with).
 
+External tools (an MCP server's, recorded in the session's ``source`` as
+``external_tools``) are not called again: their calls are answered from the
+recording (:mod:`agent.recorded_tools`) and reported as ``recorded``, so a
+replay needs no server up and repeats no side effect outside the workspace.
+
 Not guaranteed: results of calls that were cancelled in the recording (an
 interrupt, a crash) are compared against the cancellation message, so they
 show as differing; network-dependent or time-dependent commands differ.
@@ -151,7 +156,7 @@ def branch_consumed(policy: dict[str, Any], turns: list[RecordedTurn], step: int
 class CallComparison:
     call_id: str
     name: str | None
-    status: str  # same | differs | missing | extra
+    status: str  # same | differs | missing | extra | recorded (an external tool's, not run again)
     recorded_ok: bool | None = None
     replayed_ok: bool | None = None
     recorded_output: str | None = None
@@ -165,7 +170,7 @@ class ReexecuteReport:
 
     @property
     def counts(self) -> dict[str, int]:
-        out = {"same": 0, "differs": 0, "missing": 0, "extra": 0}
+        out = {"same": 0, "differs": 0, "missing": 0, "extra": 0, "recorded": 0}
         for c in self.calls:
             out[c.status] += 1
         return out
@@ -199,8 +204,9 @@ def compare(session_id: str, recorded: list[Event], replayed: list[Event]) -> Re
             report.calls.append(CallComparison(call_id, a.name, "missing", a.ok, None, a.output, None))
         else:
             same = (a.ok, a.output) == (b.ok, b.output)
+            status = "recorded" if same and b.data.get("from_recording") else "same" if same else "differs"
             report.calls.append(CallComparison(
-                call_id, a.name, "same" if same else "differs", a.ok, b.ok,
+                call_id, a.name, status, a.ok, b.ok,
                 None if same else a.output, None if same else b.output,
             ))
     return report

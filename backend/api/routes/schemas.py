@@ -81,7 +81,8 @@ class Cancelled(BaseModel):
 class CallComparison(BaseModel):
     call_id: str
     name: str | None
-    status: Literal["same", "differs", "missing", "extra"]
+    status: Literal["same", "differs", "missing", "extra", "recorded"] = Field(
+        description="recorded: an external (MCP) tool's call, answered from the recording, not run again")
     recorded_ok: bool | None = None
     replayed_ok: bool | None = None
     recorded_output: str | None = None
@@ -90,7 +91,7 @@ class CallComparison(BaseModel):
 
 class ReexecuteReport(BaseModel):
     session_id: str
-    counts: dict[Literal["same", "differs", "missing", "extra"], int]
+    counts: dict[Literal["same", "differs", "missing", "extra", "recorded"], int]
     calls: list[CallComparison]
 
 
