@@ -269,7 +269,7 @@ class _Connection:
         try:
             async with AsyncExitStack() as stack:
                 transport = await self._transport(stack)
-                client = await stack.enter_async_context(Client(transport, raise_exceptions=False))
+                client = await stack.enter_async_context(Client(transport, mode="legacy"))  # every server speaks it
                 self._client, self.lost = client, None
                 if not ready.done():  # else the connect timed out meanwhile: close() ends this task
                     ready.set_result(None)
@@ -392,10 +392,16 @@ class _Connection:
 
 
 def _describe(exc: BaseException) -> str:
+    from pydantic import ValidationError
+
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions[:3])
     if isinstance(exc, TimeoutError):
         return "no answer in time"
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
+        where = ".".join(str(p) for p in first["loc"])
+        return clean_text(f"malformed answer from the server ({exc.title}: {where}: {first['msg']})", 300)
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return clean_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__, 300)
 
