@@ -141,7 +141,8 @@ class _CheckedLines:
             cut = self._buffer.find(b"\n")
             if cut >= 0:
                 line, self._buffer = self._buffer[:cut + 1], self._buffer[cut + 1:]
-                return (b"", dropping + len(line)) if dropping else (line, 0)
+                too_long = dropping or len(line) > self._limit
+                return (b"", dropping + len(line)) if too_long else (line, 0)
             if len(self._buffer) > self._limit:
                 dropping += len(self._buffer)
                 self._buffer = b""
