@@ -49,6 +49,7 @@ def http_server(workspace: Path, *args: str, token: str | None = TOKEN) -> Itera
         argv += ["--token", token]
     proc = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **child_env()}, stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    drain: threading.Thread | None = None
     try:
         url, shown_token, seen = None, None, []
         deadline = time.monotonic() + 60
@@ -63,7 +64,8 @@ def http_server(workspace: Path, *args: str, token: str | None = TOKEN) -> Itera
             if m := re.search(r"token: (\S+)", line):
                 shown_token = m.group(1)
         assert url and shown_token, seen
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep draining: a full pipe blocks it
+        drain = threading.Thread(target=proc.stderr.read, daemon=True)  # a full pipe would block the server
+        drain.start()
         yield HttpServer(url, shown_token, proc)
     finally:
         proc.terminate()
@@ -72,3 +74,7 @@ def http_server(workspace: Path, *args: str, token: str | None = TOKEN) -> Itera
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if drain is not None:
+            drain.join(10)
+        if proc.stderr is not None:
+            proc.stderr.close()

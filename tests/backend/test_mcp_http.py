@@ -45,7 +45,7 @@ async def test_the_official_client_lists_and_calls_every_tool_with_the_token(ser
             assert names == {"read_file", "list_dir", "glob", "grep", "edit_file", "write_file", "run_command"}
             calls = [("read_file", {"path": "src/app.py"}, "    1\tdef add(a, b):\n    2\t    return a - b\n"),
                      ("list_dir", {}, "src/\n"), ("glob", {"pattern": "**/*.py"}, "src/app.py\n"),
-                     ("grep", {"pattern": "return"}, "src/app.py:2:    return a - b\n"),
+                     ("grep", {"pattern": "return"}, "src/app.py:2: "),
                      ("edit_file", {"path": "src/app.py", "search": "a - b", "replace": "a + b"}, "+    return a + b"),
                      ("write_file", {"path": "new.txt", "content": " x \n"}, "+ x "),
                      ("run_command", {"command": "cat new.txt; pwd"}, "exit code 0\n x \n/workspace\n")]
