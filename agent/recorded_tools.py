@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from agent.events import Event, ToolCallStarted, ToolResultEvent
+from agent.events import AssistantMessage, Event, ToolCallStarted, ToolResultEvent
 from tools.base import ParamSpec, ParamType, Resources, Tool, ToolContext, ToolError, ToolResult, ToolSpec
 
 __all__ = ["RecordedTool", "recorded_tools", "spec_from_record", "spec_record"]
@@ -78,11 +78,16 @@ class RecordedTool:
 
 
 def recorded_tools(records: Sequence[Mapping[str, Any]], events: Sequence[Event],
-                   live: Mapping[str, Tool] | None = None) -> list[Tool]:
+                   live: Mapping[str, Tool] | None = None, *, model_calls: int | None = None) -> list[Tool]:
     """The recorded external tools of a session (``records`` from :func:`spec_record`), each
     answering from ``events``; ``live`` tools by name take the calls the recording lacks.
-    A record that cannot be read is skipped (its calls then fail as unknown tools)."""
-    started = {e.call_id: e for e in events if isinstance(e, ToolCallStarted) and e.valid}
+    ``model_calls``: answer only from the calls of the first that many model calls (a
+    branch's ``from_step``: what it goes on to call is called live). A record that cannot
+    be read is skipped (its calls then fail as unknown tools)."""
+    steps = [(e.turn, e.step) for e in events if isinstance(e, AssistantMessage)]
+    kept = set(steps[:max(0, model_calls)]) if model_calls is not None else None
+    started = {e.call_id: e for e in events if isinstance(e, ToolCallStarted) and e.valid
+               and (kept is None or (e.turn, e.step) in kept)}
     by_name: dict[str, list[tuple[Mapping[str, Any], ToolResultEvent]]] = {}
     for e in events:
         call = started.get(e.call_id) if isinstance(e, ToolResultEvent) else None

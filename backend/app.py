@@ -101,7 +101,7 @@ async def _external_tools(settings: Settings) -> McpToolset:
     configs = load_mcp_file(settings.mcp_config) if settings.mcp_config is not None else config_file_servers()
     if not configs:
         return McpToolset()
-    return await open_toolset(configs, log.warning)
+    return await open_toolset(configs, log.info, log.warning)
 
 
 # Documented on every route: the error statuses any route can answer with, all one shape.

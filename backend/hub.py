@@ -193,13 +193,14 @@ class Hub:
                             extra_tools=self.extra_tools)
 
     def replay_parts(self, workspace: Workspace, info: SessionInfo | None = None, events: list[Event] | None = None,
-                     *, live_tools: bool = False) -> SessionParts:
+                     *, live_tools: bool = False, model_calls: int | None = None) -> SessionParts:
         """Parts for re-executing a recording: the same tool set as a live session, but
         an index built completely at the first ``semantic_search`` (a replay must not
         see "still being built"), so replaying a session that never searched never
         loads the embedder. The external tools are the ones ``info`` recorded, answered
         from ``events`` (:mod:`agent.recorded_tools`); with ``live_tools`` (a branch),
-        calls the recording lacks go to the server's tool of that name. Release with
+        calls the recording lacks go to the server's tool of that name, and ``model_calls``
+        limits the recording to the steps the branch re-executes. Release with
         :meth:`release_parts`."""
         pool = self.indexes
         index = None
@@ -208,7 +209,8 @@ class Hub:
             index = LazySearchIndex(lambda: pool.build_now(root))
         records = info.source.get("external_tools", []) if info is not None else []
         live = {t.spec.name: t for t in self.extra_tools} if live_tools else None
-        extra = tuple(recorded_tools(records, events or [], live)) if isinstance(records, list) else ()
+        extra = tuple(recorded_tools(records, events or [], live, model_calls=model_calls)) \
+            if isinstance(records, list) else ()
         return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index, extra_tools=extra)
 
     @staticmethod
@@ -343,7 +345,8 @@ class Hub:
         # steps run with per-turn scripted policies (run_recording), then it continues.
         approvals = PendingApprovals()
         session = build_session(
-            self.replay_parts(workspace, info, events, live_tools=True), policy=self.policies.build(policy),
+            self.replay_parts(workspace, info, events, live_tools=True, model_calls=from_step),
+            policy=self.policies.build(policy),
             limits=self.limits,
             sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
             approval_mode=approval_mode_of(new), approver=approvals,

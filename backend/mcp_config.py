@@ -75,13 +75,15 @@ def config_file_servers() -> list[McpServerConfig]:
         raise McpConfigError(f"{path}: {exc}") from None
 
 
-async def open_toolset(configs: Sequence[McpServerConfig], say: Callable[[str], None]) -> McpToolset:
-    """Connect to ``configs``, telling ``say`` what connected and what did not."""
+async def open_toolset(configs: Sequence[McpServerConfig], say: Callable[[str], None],
+                       warn: Callable[[str], None] | None = None) -> McpToolset:
+    """Connect to ``configs``, telling ``say`` what connected and ``warn`` (default ``say``) what did not."""
+    warn = warn or say
     toolset = await connect_mcp_servers(list(configs))
     for server in toolset.describe():
         say(f"MCP server {server['name']}: {len(server['tools'])} tool(s)")
     for name, why in toolset.failures.items():
-        say(f"MCP server {name} is left out: {why}")
+        warn(f"MCP server {name} is left out: {why}")
     for tool, why in toolset.skipped.items():
-        say(f"MCP tool {tool} is left out: {why}")
+        warn(f"MCP tool {tool} is left out: {why}")
     return toolset

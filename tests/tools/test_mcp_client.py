@@ -34,7 +34,7 @@ async def test_tools_become_specs_named_by_server() -> None:
     async with await connect_mcp_servers([tiny()]) as toolset:
         assert toolset.failures == {} and toolset.skipped == {}
         tools = by_remote(toolset)
-        assert set(tools) == {"add", "echo", "slow", "picture", "fail", "die", "big"}
+        assert set(tools) == {"add", "echo", "slow", "picture", "fail", "die", "big", "counter"}
         add = tools["add"].spec
         assert add.name == "mcp__tiny__add" and add.description == "Add two integers."
         assert [(p.name, p.type, p.required) for p in add.params] == [("a", ParamType.INTEGER, True),

@@ -1,7 +1,8 @@
 """A tiny MCP server for the client tests, on the official SDK's MCPServer (stdio).
 
 Tools: add, echo (with an optional list), slow (sleeps), picture (image content),
-fail (raises: an error result), die (the process exits), big (N bytes of text).
+fail (raises: an error result), die (the process exits), big (N bytes of text),
+counter (how many times it was called in this process).
 """
 
 import base64
@@ -14,6 +15,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.utilities.types import Image
 
 app = MCPServer("tiny")
+CALLS = {"counter": 0}
 
 
 @app.tool()
@@ -60,6 +62,13 @@ def die() -> str:
 def big(n: int) -> str:
     """n bytes of text."""
     return "x" * n
+
+
+@app.tool()
+def counter() -> str:
+    """How many times this tool was called."""
+    CALLS["counter"] += 1
+    return f"call {CALLS['counter']}"
 
 
 if __name__ == "__main__":
