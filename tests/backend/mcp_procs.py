@@ -22,7 +22,7 @@ TOKEN = "test-token-0123456789abcdef"
 
 def child_env(**extra: str) -> dict[str, str]:
     """What the child needs: this tree first on the path, no model downloads."""
-    return {"PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO)), "HF_HUB_OFFLINE": "1", **extra}
+    return {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", **extra}
 
 
 def flywheel_mcp_argv(workspace: Path, *args: str) -> list[str]:
