@@ -189,3 +189,16 @@ async def test_hostile_stdio_input_gets_json_rpc_errors_and_the_server_stays_up(
         assert await raw.answer() == {"jsonrpc": "2.0", "id": 31, "result": {}}
     finally:
         assert raw.close() == 0
+
+
+@pytest.mark.timeout(120)
+async def test_a_call_the_client_gives_up_on_is_cancelled_and_its_command_killed(tmp_path: Path) -> None:
+    from mcp import MCPError
+
+    served = make_src(tmp_path / "served")
+    async with Client(stdio_params(served), mode="legacy") as client:
+        with pytest.raises(MCPError, match="timed out"):
+            await client.call_tool("run_command", {"command": "sleep 3 && touch late.txt"}, read_timeout_seconds=1)
+        await asyncio.sleep(3.5)
+        assert not (served / "late.txt").exists()  # the sandboxed process tree was killed with the call
+        assert (await client.call_tool("list_dir", {})).content[0].text.splitlines() == ["README.md", "src/"]
