@@ -14,8 +14,9 @@ Failure is a result, never a hang: a server that does not start or answer
 within ``connect_timeout_s`` is left out (:attr:`McpToolset.failures` says
 why); a call that gets no answer within ``call_timeout_s``, a server that
 exited (its last stderr lines are quoted), a protocol error or a malformed
-result become an error result the model reads. A call to a server whose
-connection was lost reconnects once before failing.
+result become an error result the model reads. After a lost connection
+(the server exited, the stream closed), the next call starts the server again
+once, within ``connect_timeout_s``, before it fails.
 
 Ordering and approval (:meth:`McpTool.resources`): an external tool acts
 outside the workspace, like a separate process, so it runs in parallel with
@@ -23,9 +24,10 @@ every other call and counts as a command for approval modes; a server
 configured with ``writes_workspace = true`` is ordered against file edits and
 tells the search index the tree may have changed, as ``run_command`` does.
 
-Not guaranteed: what a server does (it is not sandboxed by Flywheel); stdio
-servers inherit this process's environment (plus ``env``), as MCP clients
-do; a server's messages are not size-capped on stdio (the result the model
+Not guaranteed: what a server does (it is not sandboxed by Flywheel); a stdio
+server gets the SDK's short list of inherited variables (``PATH``, ``HOME``,
+``USER``, ``SHELL``, ``TERM``, ``LOGNAME``) plus its ``env``, not Flywheel's whole
+environment (so no ``FLYWHEEL_*`` token leaks to it); a server's messages are not size-capped on stdio (the result the model
 reads is, by the executor).
 """
 
