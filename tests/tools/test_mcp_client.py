@@ -96,7 +96,7 @@ async def test_servers_that_cannot_start_are_left_out_with_the_reason() -> None:
     missing = McpServerConfig("missing", command="/nonexistent/mcp-server")
     t0 = time.monotonic()
     async with await connect_mcp_servers([silent, quits, missing, tiny()]) as toolset:
-        assert time.monotonic() - t0 < 15
+        assert time.monotonic() - t0 < 30  # bounded by the connect timeouts (tiny: 20 s), not hung
         assert set(toolset.failures) == {"silent", "quits", "missing"}
         assert "no answer in time" in toolset.failures["silent"]
         assert "no config here" in toolset.failures["quits"]
