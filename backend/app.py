@@ -7,7 +7,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,6 +27,7 @@ from backend.policies import PolicyConfigError, PolicyFactory
 from backend.run_log import run_in_progress
 from backend.settings import Settings
 from backend.web_app import mount_web_app
+from tools.mcp_client import McpToolset
 from tools.sandbox import SandboxUnavailable, make_sandbox
 from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
 
@@ -56,7 +57,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         stale = await asyncio.to_thread(store.unmount_all)
         if stale:
             log.warning("unmounted %d workspace(s) a previous server left mounted", len(stale))
-        hub = make_hub(settings, session_log, store,
+        toolset = await _external_tools(settings)
+        hub = make_hub(settings, session_log, store, extra_tools=tuple(toolset.tools),
                        running_elsewhere=lambda sid: run_in_progress(settings.data_dir, sid))
         recovered = await hub.recover()
         if recovered:
@@ -66,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await hub.shutdown()
+            await toolset.close()
             hub.writer.close()
             engine.dispose()
 
@@ -115,7 +118,7 @@ def tune_gc_for_serving() -> None:
 
 def make_hub(settings: Settings, session_log: SessionLog, store: WorkspaceStore, *,
              workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None,
-             running_elsewhere: Callable[[str], bool] | None = None) -> Hub:
+             running_elsewhere: Callable[[str], bool] | None = None, extra_tools: tuple[Any, ...] = ()) -> Hub:
     """The hub over ``session_log`` and ``store`` as the settings configure it: the sandbox
     (none, with a warning, where it cannot run and the settings do not allow running
     unsandboxed), the event writer (close it with ``hub.writer.close()``), the search
@@ -138,7 +141,19 @@ def make_hub(settings: Settings, session_log: SessionLog, store: WorkspaceStore,
                                openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
         client_queue_events=settings.client_queue_events, indexes=indexes, workspace_view=workspace_view,
         running_elsewhere=running_elsewhere, max_sockets_per_token=settings.max_sockets_per_token,
+        extra_tools=extra_tools,
     )
+
+
+async def _external_tools(settings: Settings) -> McpToolset:
+    """The MCP servers of ``settings.mcp_config`` (else the config file's ``[mcp_servers]``),
+    connected; one that does not connect is logged and left out. A bad config stops the start."""
+    from backend.mcp_config import config_file_servers, load_mcp_file, open_toolset
+
+    configs = load_mcp_file(settings.mcp_config) if settings.mcp_config is not None else config_file_servers()
+    if not configs:
+        return McpToolset()
+    return await open_toolset(configs, log.info, log.warning)
 
 
 # Documented on every route: the error statuses any route can answer with, all one shape.

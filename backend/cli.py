@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from backend.db.log import SessionLog
     from backend.run_log import RunRecorder
     from backend.settings import Settings
+    from tools.mcp_client import McpToolset
     from tools.workspace import Workspace
 
 DEMO_DIR = Path(__file__).with_name("demo")
@@ -72,6 +73,12 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "--unsafe-no-sandbox", action="store_true",
         help="run commands WITHOUT isolation if bubblewrap is missing (dangerous)",
     )
+    p.add_argument("--mcp", action="append", default=[], metavar="NAME=COMMAND|URL",
+                   help="give the agent an external MCP server's tools (as mcp__NAME__TOOL): NAME=COMMAND ARGS... "
+                   "starts it over stdio, NAME=http(s)://... connects over streamable HTTP (repeatable)")
+    p.add_argument("--mcp-config", type=Path, metavar="FILE",
+                   help='MCP servers from a file: JSON {"mcpServers": {NAME: {command, args, env} | {url, headers}}} '
+                   "or TOML [mcp_servers.NAME] tables")
     p.set_defaults(func=_cmd_run)
 
 
@@ -116,6 +123,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="directory sessions may copy workspaces from (repeatable; default: the demo)")
     p.add_argument("--openai-base-url", help="OpenAI-compatible model server for policy 'openai'")
     p.add_argument("--openai-model", help="default model name for policy 'openai'")
+    p.add_argument("--mcp-config", type=Path, metavar="FILE",
+                   help="external MCP servers whose tools every session gets (JSON mcpServers or TOML "
+                   "[mcp_servers.NAME]; default: the [mcp_servers] tables of the config file)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_cmd_serve)
 
@@ -320,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     from backend.acp import cli as acp_cli
 
     acp_cli.add_parser(sub)
+    from backend import mcp_cli
+
+    mcp_cli.add_parser(sub)
     return parser
 
 
@@ -421,6 +434,7 @@ async def _run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, WorkspaceError) as exc:
         raise CliError(f"could not create the workspace: {exc}") from None
 
+    toolset = await _mcp_toolset(args)
     out = sys.stdout
     sink_fn = (lambda e: print(event_to_json(e), file=out, flush=True)) if args.json else Transcript(out)
     recorder = None if args.no_record else _start_recording(
@@ -445,8 +459,8 @@ async def _run(args: argparse.Namespace) -> int:
             lines.start()
             approver = TerminalApprover(lines.queue.get, sys.stderr if args.json else out)
     session = build_session(
-        SessionParts(workspace=workspace, sandbox=sandbox, search_index=index), policy=policy,
-        limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout), sink=sink,
+        SessionParts(workspace=workspace, sandbox=sandbox, search_index=index, extra_tools=tuple(toolset.tools)),
+        policy=policy, limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout), sink=sink,
         approval_mode=client.approval_mode, approver=approver, session_id=recorder.session_id if recorder else None,
     )
     with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -465,6 +479,7 @@ async def _run(args: argparse.Namespace) -> int:
             note = f"recorded as session {recorder.session_id} (flywheel sessions show {recorder.session_id[:12]})"
             print(note + (f"; {problem}" if problem else ""), file=sys.stderr if args.json else out)
         await policy.aclose()
+        await toolset.close()
         if index is not None:
             index.close()
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -509,6 +524,23 @@ def _start_recording(args: argparse.Namespace, workspace: Workspace, *, request:
     return recorder
 
 
+async def _mcp_toolset(args: argparse.Namespace) -> McpToolset:
+    """The external MCP servers of ``--mcp`` and ``--mcp-config``, connected (none: an empty set).
+    A server that does not connect is left out with a message; a bad flag or file is a :class:`CliError`."""
+    from backend.mcp_config import load_mcp_file, open_toolset, parse_mcp_flag
+    from tools.mcp_client import McpConfigError, McpToolset
+
+    try:
+        configs = [parse_mcp_flag(v) for v in args.mcp]
+        if args.mcp_config is not None:
+            configs += load_mcp_file(args.mcp_config)
+        if not configs:
+            return McpToolset()
+        return await open_toolset(configs, lambda line: print(line, file=sys.stderr, flush=True))
+    except McpConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
 def _review(args: argparse.Namespace, workspace: Workspace, original: Path | None) -> int:
     """The end of ``flywheel run``: apply the changes to ``original``, export them, or discard them."""
     from backend.apply_back import ApplyError, ChangeSet
@@ -549,6 +581,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         "host": getattr(args, "host", None), "port": getattr(args, "port", None), "db_url": getattr(args, "db", None),
         "data_dir": getattr(args, "data_dir", None), "allowed_roots": getattr(args, "allow_root", None),
         "openai_base_url": getattr(args, "openai_base_url", None), "openai_model": getattr(args, "openai_model", None),
+        "mcp_config": getattr(args, "mcp_config", None),
     }
     try:
         return load_settings(Settings, **overrides)
@@ -582,6 +615,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"flywheel serve: cannot use the data directory: {exc}", file=sys.stderr)
         return 1
     except CliError as exc:
+        print(f"flywheel serve: {exc}", file=sys.stderr)
+        return 1
+    from backend.mcp_config import config_file_servers, load_mcp_file
+    from tools.mcp_client import McpConfigError
+
+    try:  # checked here so a bad file is one line, not a traceback from the app's start
+        load_mcp_file(settings.mcp_config) if settings.mcp_config is not None else config_file_servers()
+    except McpConfigError as exc:
+        os.close(lock)
         print(f"flywheel serve: {exc}", file=sys.stderr)
         return 1
     try:

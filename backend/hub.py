@@ -52,12 +52,13 @@ from agent.approval import ApprovalDecision, ApprovalError, ApprovalMode, Pendin
 from agent.events import Event, TurnEnd
 from agent.history import closing_events, history_from_events
 from agent.policy import Policy
+from agent.recorded_tools import recorded_tools, spec_record
 from agent.runtime import LazySearchIndex, SessionParts, build_session
 from agent.session import Limits, Session
 from backend.db.log import SessionInfo, SessionLog, StoredEvent
 from backend.db.writer import EventWriter
 from backend.policies import PolicyFactory
-from tools.base import FileEdit
+from tools.base import FileEdit, Tool
 from tools.sandbox import Sandbox
 from tools.snapshots import SnapshotError
 from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
@@ -182,6 +183,7 @@ class Hub:
         indexes: IndexPool | None = None, max_sockets_per_token: int = 32, send_stall_s: float = 10.0,
         workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None,
         running_elsewhere: Callable[[str], bool] | None = None,
+        extra_tools: tuple[Tool, ...] = (),
     ):
         self.log = log_
         self.writer = writer
@@ -191,6 +193,7 @@ class Hub:
         self.client_queue_events = client_queue_events
         self.limits = limits
         self.indexes = indexes  # None: no semantic_search tool
+        self.extra_tools = extra_tools  # external MCP servers' tools, shared by every session
         self.live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self.sockets = SocketLimit(max_sockets_per_token)
@@ -206,19 +209,29 @@ class Hub:
         background index, built on the pool's thread at its first search (a session that
         never searches costs no indexing and never loads the embedder)."""
         index = self.indexes.get(workspace.root) if self.indexes is not None else None
-        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index)
+        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index,
+                            extra_tools=self.extra_tools)
 
-    def replay_parts(self, workspace: Workspace) -> SessionParts:
+    def replay_parts(self, workspace: Workspace, info: SessionInfo | None = None, events: list[Event] | None = None,
+                     *, live_tools: bool = False, model_calls: int | None = None) -> SessionParts:
         """Parts for re-executing a recording: the same tool set as a live session, but
         an index built completely at the first ``semantic_search`` (a replay must not
         see "still being built"), so replaying a session that never searched never
-        loads the embedder. Release with :meth:`release_parts`."""
+        loads the embedder. The external tools are the ones ``info`` recorded, answered
+        from ``events`` (:mod:`agent.recorded_tools`); with ``live_tools`` (a branch),
+        calls the recording lacks go to the server's tool of that name, and ``model_calls``
+        limits the recording to the steps the branch re-executes. Release with
+        :meth:`release_parts`."""
         pool = self.indexes
         index = None
         if pool is not None:
             root = workspace.root
             index = LazySearchIndex(lambda: pool.build_now(root))
-        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index)
+        records = info.source.get("external_tools", []) if info is not None else []
+        live = {t.spec.name: t for t in self.extra_tools} if live_tools else None
+        extra = tuple(recorded_tools(records, events or [], live, model_calls=model_calls)) \
+            if isinstance(records, list) else ()
+        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index, extra_tools=extra)
 
     @staticmethod
     def release_parts(parts: SessionParts) -> None:
@@ -278,6 +291,8 @@ class Hub:
         source = {k: v for k, v in source.items() if k != "approval_mode"}
         if mode != "auto":
             source["approval_mode"] = mode
+        if self.extra_tools and "external_tools" not in source:  # for replays (agent.recorded_tools)
+            source["external_tools"] = [spec_record(t.spec) for t in self.extra_tools]
         await asyncio.to_thread(self.log.save_snapshot, workspace.base)
         return await asyncio.to_thread(
             self.log.create_session, id=uuid.uuid4().hex, owner=owner, title=title[:200], source=source,
@@ -381,7 +396,7 @@ class Hub:
         plan = plan_branch(turns, from_step, auto_continue=auto_continue)
         approvals = PendingApprovals()
         session = build_session(
-            self.replay_parts(workspace),
+            self.replay_parts(workspace, info, events, live_tools=True, model_calls=from_step),
             policy=self.policies.build(policy, consumed=branch_consumed(policy, turns, from_step)),
             limits=self.limits, sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
             approval_mode=approval_mode_of(new), approver=approvals,

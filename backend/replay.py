@@ -14,6 +14,11 @@ tool set; each recorded turn runs with its own scripted policy and a step
 limit of its recorded length, passed to ``run_turn`` (the session's own
 policy and limits are what a branch continues with).
 
+External tools (an MCP server's, recorded in the session's ``source`` as
+``external_tools``) are not called again: their calls are answered from the
+recording (:mod:`agent.recorded_tools`) and reported as ``recorded``, so a
+replay needs no server up and repeats no side effect outside the workspace.
+
 Not guaranteed: results of calls that were cancelled in the recording (an
 interrupt, a crash) are compared against the cancellation message, so they
 show as differing; network-dependent or time-dependent commands differ.
@@ -156,7 +161,7 @@ class CallComparison:
 
     call_id: str
     name: str | None
-    status: str  # same | differs | missing | extra
+    status: str  # same | differs | missing | extra | recorded (an external tool's, not run again)
     recorded_ok: bool | None = None
     replayed_ok: bool | None = None
     recorded_output: str | None = None
@@ -182,7 +187,7 @@ class ReexecuteReport:
     def counts(self) -> dict[str, int]:
         out = {"same": 0, "differs": 0, "missing": 0, "extra": 0}
         for c in self.calls:
-            out[c.status] += 1
+            out[c.status] = out.get(c.status, 0) + 1  # "recorded" only appears when there are some
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -253,8 +258,9 @@ def compare(session_id: str, recorded: list[Event], replayed: list[Event]) -> Re
             c.differs_in = [what for what, x, y in (("ok", a.result.ok, b.result.ok),
                                                     ("output", a.result.output, b.result.output),
                                                     ("edits", a.edits, b.edits)) if x != y]
-            c.status = "differs" if c.differs_in else "same"
-        if c.status != "same":
+            # an external (MCP) tool's call is answered from the recording, not run again
+            c.status = "differs" if c.differs_in else "recorded" if b.result.data.get("from_recording") else "same"
+        if c.status not in ("same", "recorded"):
             c.recorded_output, c.recorded_edits = (a.result.output, a.edits) if a is not None else (None, None)
             c.replayed_output, c.replayed_edits = (b.result.output, b.edits) if b is not None else (None, None)
         report.calls.append(c)

@@ -134,4 +134,21 @@ if [ $want_test = 1 ] && [ ! -x /usr/bin/chromium ]; then
   fi
 fi
 # --- end browser tests ----------------------------------------------------------------------------------
+
+# 5. (--test) MCP test client: the MCP Inspector's CLI, pinned in tests/clients/mcp/package-lock.json.
+if [ $want_test = 1 ]; then
+  mcp_dir=tests/clients/mcp
+  mcp_stamp="$mcp_dir/node_modules/.flywheel-installed"
+  mcp_digest=$(sha256sum "$mcp_dir/package-lock.json" | cut -c1-16)
+  if [ ! -f "$mcp_stamp" ] || [ "$(cat "$mcp_stamp")" != "$mcp_digest" ]; then
+    if command -v npm >/dev/null 2>&1; then
+      say "installing the MCP Inspector (npm ci in $mcp_dir)"
+      (cd "$mcp_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) \
+        && echo "$mcp_digest" > "$mcp_stamp" \
+        || say "WARNING: npm ci failed in $mcp_dir; the MCP Inspector tests will be skipped"
+    else
+      say "WARNING: npm is missing (apt-get install nodejs npm, Node >= 20); the MCP Inspector tests will be skipped"
+    fi
+  fi
+fi
 say "ready"

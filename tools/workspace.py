@@ -222,6 +222,21 @@ class WorkspaceStore:
         note = "not in place: " + reason if in_place else reason
         return self._finish(ws_id, Layout(Layering(str(method)), note=note), None, kept=kept)
 
+    def attach(self, directory: str | os.PathLike[str]) -> Workspace:
+        """The directory itself as a workspace: no copy, no snapshot taken. Tools read and
+        write it in place, with the same path rules as in any workspace (nothing outside it;
+        ``flywheel mcp`` serves a project this way). ``delete`` leaves the directory as it
+        is (the store does not own it); ``fork`` copies it into the store; ``base`` is
+        unset, so ``diff()`` needs an explicit snapshot. Not guaranteed: isolation from
+        other writers (the user's editor) — it is their directory."""
+        if not os.path.isdir(directory):
+            raise WorkspaceError(f"not a directory: {directory}")
+        source = Path(os.path.realpath(directory))
+        if self.root.is_relative_to(source):
+            raise WorkspaceError(f"cannot attach {directory}: the workspace store {self.root} lies inside it")
+        layout = Layout(Layering.ATTACHED, origin=os.fspath(source), note="attached in place")
+        return Workspace(f"attached-{secrets.token_hex(8)}", source, self, None, layout)
+
     def from_git(self, repo: str | os.PathLike[str], commit: str) -> Workspace:
         """A new workspace holding ``git archive`` of ``commit`` (no ``.git``, no submodules).
 

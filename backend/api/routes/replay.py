@@ -94,7 +94,7 @@ async def reexecute_session(info: SessionDep, state: StateDep) -> ReexecuteRepor
     events = await asyncio.to_thread(state.log.all_events, info.id)
     snapshot = await asyncio.to_thread(state.log.load_snapshot, info.base_snapshot)
     workspace = await asyncio.to_thread(state.store.from_snapshot, snapshot)
-    parts = state.hub.replay_parts(workspace)
+    parts = state.hub.replay_parts(workspace, info, events)
     try:
         report = await reexecute(info.id, events, parts)
     finally:

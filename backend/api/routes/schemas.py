@@ -90,7 +90,8 @@ class CallComparison(BaseModel):
 
     call_id: str
     name: str | None
-    status: Literal["same", "differs", "missing", "extra"]
+    status: Literal["same", "differs", "missing", "extra", "recorded"] = Field(
+        description="recorded: an external (MCP) tool's call, answered from the recording, not run again")
     recorded_ok: bool | None = None
     replayed_ok: bool | None = None
     recorded_output: str | None = None
@@ -115,7 +116,7 @@ class ReplayedRevert(BaseModel):
 
 class ReexecuteReport(BaseModel):
     session_id: str
-    counts: dict[Literal["same", "differs", "missing", "extra"], int]
+    counts: dict[Literal["same", "differs", "missing", "extra", "recorded"], int]
     calls: list[CallComparison]
     reverts: list[ReplayedRevert] = Field(default_factory=list, description="files the user reverted, re-applied "
                                           "after their turns")
