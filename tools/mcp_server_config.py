@@ -37,7 +37,7 @@ class McpServerConfig:
     url: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     transport: Transport | None = None  # None: stdio with a command, http with a URL
-    connect_timeout_s: float = 20.0
+    connect_timeout_s: float = 30.0
     call_timeout_s: float = 60.0
     writes_workspace: bool = False
 

@@ -21,13 +21,14 @@ SERVERS = Path(__file__).parents[1] / "tools" / "mcp_servers"
 def api(tmp_path: Path):
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"tiny": {"command": sys.executable,
-                                                          "args": [str(SERVERS / "tiny.py")]}}}))
+                                                          "args": [str(SERVERS / "tiny.py")],
+                                                          "connect_timeout": 90}}}))
     with make_api(f"sqlite:///{tmp_path / 'fw.db'}", tmp_path, semantic_search=False, sandbox=False,
                   mcp_config=config) as a:
         yield a
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_sessions_use_replay_and_branch_with_external_tools(api) -> None:
     h = api.h("alice")
     s = api.create("alice", [call("mcp__tiny__counter", {}) + call("read_file", {"path": "app.py"}), "done"])
