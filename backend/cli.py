@@ -465,7 +465,7 @@ async def _run(args: argparse.Namespace) -> int:
     )
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, session.interrupt)
-    from backend.db.log import EventRejected, LogUnavailable
+    from backend.db.writer import EventRejected, LogUnavailable
 
     try:
         outcome = await session.run_turn(request)
