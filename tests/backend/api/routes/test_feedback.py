@@ -19,8 +19,8 @@ EDITS = [
 ]
 
 
-def edited_session(api: Api, outputs: list[str] = EDITS) -> str:
-    sid = api.create("alice", outputs)["id"]
+def edited_session(api: Api, outputs: list[str] = EDITS, **policy: object) -> str:
+    sid = api.create("alice", outputs, **policy)["id"]
     api.client.post(f"/v1/sessions/{sid}/messages", json={"text": "fix it"}, headers=api.h("alice"))
     wait_turn_end(api, sid)
     return sid
@@ -84,7 +84,8 @@ def test_keep_and_revert_change_what_the_session_hands_back(api: Api) -> None:
 
 
 def test_a_revert_waits_for_no_turn_and_is_refused_while_one_runs(api: Api) -> None:
-    sid = edited_session(api, EDITS[:2] + ["slow " * 300])
+    # ~3 s of streaming (63 chunks, 50 ms apart): the checks below run while the turn does
+    sid = edited_session(api, EDITS[:2] + ["slow " * 300], delay_s=0.05)
     h = api.h("alice")
     api.client.post(f"/v1/sessions/{sid}/messages", json={"text": "more"}, headers=h)
     deadline = time.monotonic() + 10
