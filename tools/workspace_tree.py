@@ -211,9 +211,9 @@ class Workspace:
             if display_path(raw) != path:
                 continue
             if old is not None and new is not None and old.kind is not new.kind:
-                diff = self._reverse_diff(raw, None, new) + self._reverse_diff(raw, old, None)
+                diff = self._file_diff(raw, None, new, reverse=True) + self._file_diff(raw, old, None, reverse=True)
             else:
-                diff = self._reverse_diff(raw, old, new)
+                diff = self._file_diff(raw, old, new, reverse=True)
             try:
                 restore_paths(self.root, self.base, self.store.blobs, [raw])
             except PathError as exc:
@@ -221,26 +221,20 @@ class Workspace:
             return FileEdit(path=path, diff=diff, created=new is None, deleted=old is None)
         raise WorkspaceError(f"{path!r} is not changed in this workspace (nothing to revert)")
 
-    def _reverse_diff(self, path: str, old: ManifestEntry | None, new: ManifestEntry | None) -> str:
-        """The diff from the current ``new`` entry back to the starting ``old`` one."""
-        old_mode = old.git_mode if old else MODE_FILE
-        new_mode = new.git_mode if new else MODE_FILE
+    def _file_diff(self, path: str, old: ManifestEntry | None, new: ManifestEntry | None, *,
+                   reverse: bool = False) -> str:
+        """The diff of ``path`` from ``old`` (in the base snapshot) to ``new`` (in the tree now);
+        ``reverse``: from the tree now back to the base (what a revert changes)."""
+        sides = [(old, self._old_bytes), (new, self._new_bytes)]
+        (a, read_a), (b, read_b) = reversed(sides) if reverse else sides
+        a_mode = a.git_mode if a else MODE_FILE
+        b_mode = b.git_mode if b else MODE_FILE
         if any(e is not None and e.kind is EntryKind.FILE and (e.size > MAX_DIFF_FILE_BYTES or not e.hashed)
-               for e in (old, new)):
-            return large_file_diff(path, new.size if new else None, old.size if old else None,
-                                   old_mode=new_mode, new_mode=old_mode)
-        return unified_diff(path, self._new_bytes(path, new) if new else None,
-                            self._old_bytes(path, old) if old else None, old_mode=new_mode, new_mode=old_mode)
-
-    def _file_diff(self, path: str, old: ManifestEntry | None, new: ManifestEntry | None) -> str:
-        old_mode = old.git_mode if old else MODE_FILE
-        new_mode = new.git_mode if new else MODE_FILE
-        if any(e is not None and e.kind is EntryKind.FILE and (e.size > MAX_DIFF_FILE_BYTES or not e.hashed)
-               for e in (old, new)):
-            return large_file_diff(path, old.size if old else None, new.size if new else None,
-                                   old_mode=old_mode, new_mode=new_mode)
-        return unified_diff(path, self._old_bytes(path, old) if old else None,
-                            self._new_bytes(path, new) if new else None, old_mode=old_mode, new_mode=new_mode)
+               for e in (a, b)):
+            return large_file_diff(path, a.size if a else None, b.size if b else None,
+                                   old_mode=a_mode, new_mode=b_mode)
+        return unified_diff(path, read_a(path, a) if a else None, read_b(path, b) if b else None,
+                            old_mode=a_mode, new_mode=b_mode)
 
     def _changes(self, base: Snapshot | None) -> _Changes:
         old_base = base or self.base

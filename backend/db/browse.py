@@ -29,15 +29,11 @@ from sqlalchemy.orm import Session as DbSession
 
 from backend.db.log import SessionInfo
 from backend.db.models import SessionRow
-from backend.db.search import Match, Term, first_matches, matching_sessions
+from backend.db.search import Match, Term, first_matches, search_page
 
 Order = Literal["newest", "oldest"]
 FeedbackFilter = Literal["any", "none", "up", "down", "kept", "reverted"]
 MAX_FACET_VALUES = 500
-
-
-class CursorError(ValueError):
-    """A cursor this server did not make (or made for the other order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +60,10 @@ class Page:
     sessions: list[SessionInfo]
     next_cursor: str | None
     matches: dict[str, Match]
+
+
+class CursorError(ValueError):
+    """A cursor this server did not make (or made for the other order)."""
 
 
 def encode_cursor(info: SessionInfo, order: Order) -> str:
@@ -107,25 +107,28 @@ def _where(engine: Engine, f: BrowseFilters) -> list[object]:
         out.append(s.rl_reward <= f.max_reward)
     if f.feedback is not None:
         out.append(_feedback_clause(f.feedback))
-    if f.terms:
-        out.append(s.id.in_(matching_sessions(engine.dialect.name, f.terms)))  # type: ignore[arg-type]
-    return out
+    return out  # the search terms are the page's plan (search.search_page)
 
 
 def browse_sessions(engine: Engine, filters: BrowseFilters, *, limit: int = 50, cursor: str | None = None,
                     order: Order = "newest") -> Page:
     """One page of sessions matching ``filters``, after ``cursor`` (:class:`CursorError` if it is not one)."""
     s = SessionRow
-    q = select(s).where(*_where(engine, filters))  # type: ignore[arg-type]
-    if cursor is not None:
-        t, sid = decode_cursor(cursor, order)
-        if order == "newest":
-            q = q.where(or_(s.created_at < t, and_(s.created_at == t, s.id < sid)))
-        else:
-            q = q.where(or_(s.created_at > t, and_(s.created_at == t, s.id > sid)))
-    q = q.order_by(*((s.created_at.desc(), s.id.desc()) if order == "newest" else (s.created_at, s.id)))
+    where = _where(engine, filters)
+    after = decode_cursor(cursor, order) if cursor is not None else None
+    newest = order == "newest"
+    if after is not None:
+        t, sid = after
+        where.append(or_(s.created_at < t, and_(s.created_at == t, s.id < sid)) if newest
+                     else or_(s.created_at > t, and_(s.created_at == t, s.id > sid)))
     with DbSession(engine) as db:
-        rows = [SessionInfo.of(r) for r in db.scalars(q.limit(limit + 1))]
+        if filters.terms:
+            found = search_page(db, filters.terms, where, limit=limit + 1, newest=newest)
+        else:
+            q = select(s).where(*where).order_by(  # type: ignore[arg-type]
+                *((s.created_at.desc(), s.id.desc()) if newest else (s.created_at, s.id)))
+            found = list(db.scalars(q.limit(limit + 1)))
+        rows = [SessionInfo.of(r) for r in found]
     page, more = rows[:limit], len(rows) > limit
     matches = first_matches(engine, [r.id for r in page], filters.terms) if filters.terms else {}
     return Page(page, encode_cursor(page[-1], order) if more else None, matches)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from backend.app import create_app
-from backend.db.engine import make_engine, migrate
+from backend.db.engine import make_engine, migrate, server_reachable
 from backend.db.log import SessionLog
 from backend.settings import Settings
 
@@ -23,11 +22,7 @@ PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def postgres_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            return True
-    except OSError:
-        return False
+    return server_reachable(PG_URL)
 
 
 @contextmanager

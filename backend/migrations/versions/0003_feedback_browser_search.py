@@ -11,15 +11,20 @@
   date by a trigger on ``events`` (so the event writer's code is unchanged)
   and filled from the existing events here:
 
-  - SQLite: an FTS5 table ``message_fts(text, session_id UNINDEXED, seq
-    UNINDEXED)``, tokenizer ``unicode61 remove_diacritics 2``;
+  - SQLite: an FTS5 table ``message_fts(text)``, tokenizer ``unicode61
+    remove_diacritics 2``, a 3-character prefix index, whose rowid is ``num << 32 | seq``: ``num`` numbers
+    the sessions in the order they were recorded (``message_fts_sessions``,
+    filled by a trigger on ``sessions``), so matches come out session by
+    session, newest first, and a page stops reading early;
   - PostgreSQL: ``message_search(session_id, seq, tsv)`` with a GIN index,
     ``tsv = to_tsvector('simple', text)`` after ASCII punctuation became
     spaces (so ``stats.py`` is the words ``stats`` and ``py``, as FTS5 splits
     it). The trigger swallows its own errors: a message that cannot be indexed
     (e.g. a NUL the json type refuses) is stored, just not searchable.
 
-  Both index the first 100,000 characters of a message.
+  Both index the first 100,000 characters of a message. A later migration
+  that recreates ``sessions`` or ``events`` (an Alembic batch copy on SQLite)
+  drops their triggers with the old table and must create them again.
 
 Revision ID: 0003
 Revises: 0002
@@ -39,17 +44,26 @@ MAX_INDEXED_CHARS = 100_000
 PG_PUNCT = r"""'[][!"#$%&''()*+,./:;<=>?@\\^_`{|}~-]+'"""  # ASCII punctuation, as a POSIX bracket expression
 
 SQLITE_FTS = [
-    "CREATE VIRTUAL TABLE message_fts USING fts5(text, session_id UNINDEXED, seq UNINDEXED, "
-    "tokenize='unicode61 remove_diacritics 2')",
+    # every session gets a number in the order it was recorded; a message's search rowid is
+    # num << 32 | seq, so matches come out session by session, newest first, and stop early
+    "CREATE TABLE message_fts_sessions (num INTEGER PRIMARY KEY, session_id VARCHAR(32) NOT NULL UNIQUE)",
+    "INSERT INTO message_fts_sessions (session_id) SELECT id FROM sessions ORDER BY created_at, id",
+    """CREATE TRIGGER sessions_message_fts AFTER INSERT ON sessions
+    BEGIN
+        INSERT INTO message_fts_sessions (session_id) VALUES (new.id);
+    END""",
+    "CREATE VIRTUAL TABLE message_fts USING fts5(text, prefix='3', tokenize='unicode61 remove_diacritics 2')",
     f"""CREATE TRIGGER events_message_fts AFTER INSERT ON events
     WHEN new.type IN {MESSAGE_TYPES} AND json_valid(new.body)
     BEGIN
-        INSERT INTO message_fts (text, session_id, seq)
-        VALUES (substr(json_extract(new.body, '$.text'), 1, {MAX_INDEXED_CHARS}), new.session_id, new.seq);
+        INSERT INTO message_fts (rowid, text)
+        SELECT (num << 32) | new.seq, substr(json_extract(new.body, '$.text'), 1, {MAX_INDEXED_CHARS})
+        FROM message_fts_sessions WHERE session_id = new.session_id;
     END""",
-    f"""INSERT INTO message_fts (text, session_id, seq)
-    SELECT substr(json_extract(body, '$.text'), 1, {MAX_INDEXED_CHARS}), session_id, seq FROM events
-    WHERE type IN {MESSAGE_TYPES} AND json_valid(body)""",
+    f"""INSERT INTO message_fts (rowid, text)
+    SELECT (n.num << 32) | e.seq, substr(json_extract(e.body, '$.text'), 1, {MAX_INDEXED_CHARS})
+    FROM events e JOIN message_fts_sessions n ON n.session_id = e.session_id
+    WHERE e.type IN {MESSAGE_TYPES} AND json_valid(e.body)""",
 ]
 
 PG_TSV = f"to_tsvector('simple', regexp_replace(left(BODY::json ->> 'text', {MAX_INDEXED_CHARS}), {PG_PUNCT}, ' ', 'g'))"
@@ -114,7 +128,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     if _dialect() == 'sqlite':
         op.execute("DROP TRIGGER IF EXISTS events_message_fts")
+        op.execute("DROP TRIGGER IF EXISTS sessions_message_fts")
         op.execute("DROP TABLE IF EXISTS message_fts")
+        op.execute("DROP TABLE IF EXISTS message_fts_sessions")
     else:
         op.execute("DROP TRIGGER IF EXISTS events_message_search ON events")
         op.execute("DROP FUNCTION IF EXISTS fw_index_message()")

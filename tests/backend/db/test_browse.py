@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -11,7 +12,7 @@ from sqlalchemy import Engine, update
 from sqlalchemy.orm import Session as DbSession
 
 from agent.events import AssistantMessage, ToolResultEvent, TurnStarted, UserMessage
-from backend.db.browse import BrowseFilters, CursorError, browse_sessions, decode_cursor, facets
+from backend.db.browse import BrowseFilters, CursorError, browse_sessions, decode_cursor, encode_cursor, facets
 from backend.db.engine import make_engine, migrate
 from backend.db.log import SessionInfo, SessionLog
 from backend.db.models import SessionRow
@@ -87,6 +88,9 @@ def test_a_cursor_is_checked(log: SessionLog) -> None:
             browse_sessions(log.engine, BrowseFilters(), cursor=bad)
     with pytest.raises(CursorError, match="order=oldest"):
         browse_sessions(log.engine, BrowseFilters(), cursor=cursor, order="oldest")
+    ghost = dataclasses.replace(log.list_sessions()[0], id="f" * 32)  # a well-formed cursor naming no session
+    page = browse_sessions(log.engine, BrowseFilters(terms=tuple(parse_query("x"))), cursor=encode_cursor(ghost, "newest"))
+    assert page.sessions == []
 
 
 def test_every_filter(log: SessionLog) -> None:
@@ -142,6 +146,27 @@ def test_search_finds_messages_not_tool_output_and_snippets_mark_the_hits(log: S
     assert match.seq == 1 and match.type == "user_message"
     marked = [s.text for s in match.snippet if s.match]
     assert marked == ["Fix", "stats"] and "".join(s.text for s in match.snippet) == "The tests fail. Fix stats.py please"
+
+
+@pytest.mark.parametrize("second", [False, True], ids=["first-plan", "second-plan"])
+def test_search_pages_cover_every_match_once_with_either_plan(log: SessionLog, second: bool,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import backend.db.search as search
+
+    if second:
+        monkeypatch.setattr(search, "WALK", 1)  # collect the matches from the index after one probe
+    made = [new_session(log, owner="alice" if i % 2 else "bob", user_text=f"common word{i % 3}",
+                        model_text="other" if i % 4 else "common too") for i in range(13)]
+    for q in ("common", "comm*"):  # a prefix has its own probe on SQLite
+        for order in ("newest", "oldest"):
+            got = all_pages(log.engine, BrowseFilters(terms=tuple(parse_query(q))), limit=2, order=order)
+            want = [s.id for s in (reversed(made) if order == "newest" else made)]
+            assert got == want, (q, order)
+    got = all_pages(log.engine, BrowseFilters(terms=tuple(parse_query("word1")), owner="alice"), limit=1)
+    assert got == [s.id for s in reversed(made) if s.owner == "alice" and made.index(s) % 3 == 1]
+    page = browse_sessions(log.engine, BrowseFilters(terms=tuple(parse_query("too"))), limit=50)
+    assert set(page.matches) == {s.id for i, s in enumerate(made) if i % 4 == 0}
+    assert all(m.seq == 3 and m.type == "assistant_message" for m in page.matches.values())
 
 
 def test_hostile_queries_are_words_not_syntax(log: SessionLog) -> None:

@@ -8,13 +8,14 @@ from backend.db.search import MAX_TERMS, QueryError, Term, fts5_query, parse_que
 
 
 def test_queries_become_terms_of_words() -> None:
-    assert parse_query('Fix "off by one" stats.py read_fi*') == [
-        Term(("fix",)), Term(("off", "by", "one")), Term(("stats", "py")), Term(("read", "fi"), prefix=True)]
+    assert parse_query('Fix "off by one" stats.py read_fil*') == [
+        Term(("fix",)), Term(("off", "by", "one")), Term(("stats", "py")), Term(("read", "fil"), prefix=True)]
     assert parse_query("ÉCOLE") == [Term(("école",))]
     assert len(parse_query(" ".join(f"w{i}" for i in range(50)))) == MAX_TERMS
-    for empty in ("", "   ", "*** --- !!!", '""'):
+    for empty in ("", "   ", "*** --- !!!", '""', "ab*", "x*"):
         with pytest.raises(QueryError):
             parse_query(empty)
+    assert parse_query("abc*") == [Term(("abc",), prefix=True)]
 
 
 def test_both_dialects_get_the_same_meaning() -> None:
