@@ -15,9 +15,12 @@ lone surrogates) are replaced by ``\\uFFFD`` rather than dropped silently.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from lxml import etree
@@ -27,6 +30,7 @@ from agent.schema import FALSE_VALUES, TRUE_VALUES, XML_SPACE, conforms, xml_saf
 from tools.base import ParamSpec, ParamType, ToolResult, ToolSpec
 
 _INT = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")  # JSON's number grammar
 _LONG = range(-(2**63), 2**63)
 
 
@@ -56,11 +60,30 @@ def example_call(spec: ToolSpec) -> str:
 
 
 def _coerce(param: ParamSpec, raw: str) -> tuple[Any, str | None]:
+    """``raw`` typed per ``param`` (then checked against its JSON Schema, if any), or an error."""
+    value, error = _typed(param, raw)
+    if error is None and param.schema is not None:
+        error = _schema_error(param.name, param.schema, value)
+    return value, error
+
+
+def _typed(param: ParamSpec, raw: str) -> tuple[Any, str | None]:
     if param.type is ParamType.TEXT:
         return raw, None
     if param.type is ParamType.STRING:
         return raw.strip(), None
+    if param.type is ParamType.JSON:
+        try:
+            return json.loads(raw, parse_constant=_no_constant), None
+        except (ValueError, RecursionError) as exc:
+            return None, f"parameter {param.name!r} must be JSON ({str(exc)[:120]}), got {raw.strip()[:40]!r}"
     value = raw.strip(XML_SPACE)
+    if param.type is ParamType.NUMBER:
+        if _NUMBER.fullmatch(value) and len(value) <= 400:
+            number = float(value) if any(c in value for c in ".eE") else int(value)
+            if math.isfinite(number):
+                return number, None
+        return None, f"parameter {param.name!r} must be a number, got {value[:40]!r}"
     if param.type is ParamType.INTEGER:
         if _INT.fullmatch(value) and len(value) <= 20 and int(value) in _LONG:
             return int(value), None
@@ -72,6 +95,35 @@ def _coerce(param: ParamSpec, raw: str) -> tuple[Any, str | None]:
             return False, None
         return None, f"parameter {param.name!r} must be true or false, got {value[:40]!r}"
     raise AssertionError(param.type)  # pragma: no cover
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+@lru_cache(maxsize=1024)
+def _validator(schema: str) -> Any:
+    from jsonschema import validators  # imported here: only tools with schemas (external ones) need it
+
+    parsed = json.loads(schema)
+    cls = validators.validator_for(parsed)
+    cls.check_schema(parsed)
+    return cls(parsed, format_checker=cls.FORMAT_CHECKER)
+
+
+def _schema_error(name: str, schema: str, value: Any) -> str | None:
+    """The first way ``value`` breaks ``schema`` (a JSON Schema as text), in one line, or None."""
+    from jsonschema import exceptions
+    from referencing.exceptions import Unresolvable
+
+    try:
+        error = exceptions.best_match(_validator(schema).iter_errors(value))
+    except (exceptions.SchemaError, Unresolvable, ValueError, RecursionError) as exc:  # an unusable schema fails closed
+        return f"parameter {name!r} cannot be checked: its schema is invalid ({str(exc).splitlines()[0][:120]})"
+    if error is None:
+        return None
+    where = "".join(f"[{p!r}]" for p in error.absolute_path)
+    return f"parameter {name!r}{where}: {error.message[:300]}"
 
 
 def validate_call(

@@ -222,6 +222,25 @@ class ErrorEvent(_Event):
     source: Literal["policy", "tool", "session"] = "session"
 
 
+class FeedbackEvent(_Event):
+    """A person's feedback on the session, recorded by the server (not by the agent loop)
+    between or during turns: a rating of turn ``of_turn`` (``target`` turn, ``rating`` up or
+    down) or a verdict on a file the session changed (``target`` file, ``path``, ``verdict``
+    keep or revert), with an optional ``comment``, given by ``by``. A revert put the file back
+    as it was when the session started: ``diff`` is what it changed in the workspace (empty
+    otherwise). The model is not told of feedback (replay re-applies recorded reverts)."""
+
+    type: Literal["feedback"] = "feedback"
+    target: Literal["turn", "file"]
+    of_turn: int | None = None
+    path: str | None = None
+    rating: Literal["up", "down"] | None = None
+    verdict: Literal["keep", "revert"] | None = None
+    comment: str = ""
+    by: str = ""
+    diff: str = ""
+
+
 Event = Annotated[
     UserMessage
     | TurnStarted
@@ -237,7 +256,8 @@ Event = Annotated[
     | FileEditEvent
     | AssistantMessage
     | TurnEnd
-    | ErrorEvent,
+    | ErrorEvent
+    | FeedbackEvent,
     Field(discriminator="type"),
 ]
 
@@ -248,7 +268,7 @@ KNOWN_TYPES = frozenset(
     cls.model_fields["type"].default
     for cls in (UserMessage, TurnStarted, AssistantDelta, ToolCallDelta, ToolCallStarted, ToolCallQueued,
                 ToolCallRunning, ToolOutputDelta, ApprovalRequested, ApprovalResolved, ToolResultEvent,
-                FileEditEvent, AssistantMessage, TurnEnd, ErrorEvent)
+                FileEditEvent, AssistantMessage, TurnEnd, ErrorEvent, FeedbackEvent)
 )
 
 

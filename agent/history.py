@@ -46,12 +46,15 @@ class History:
     turns: int = 0
     # model outputs per turn, in order: [(turn, step, text)]
     outputs: list[tuple[int, int, str]] = field(default_factory=list)
+    # per message of ``conversation``: the seq of the event it comes from (a tool message: its step's last result)
+    seqs: list[int] = field(default_factory=list)
 
 
 def history_from_events(events: Iterable[Event]) -> History:
     h = History()
     pending: dict[tuple[int, int], dict[int, ToolResultEvent]] = {}
     order: list[tuple[int, int]] = []  # steps with an assistant message, in order
+    seq_of: dict[tuple[int, int], int] = {}  # user message (turn, -1) / assistant message (turn, step) -> seq
 
     for e in events:
         h.last_seq = max(h.last_seq, e.seq)
@@ -59,10 +62,12 @@ def history_from_events(events: Iterable[Event]) -> History:
         if isinstance(e, UserMessage):
             order.append((e.turn, -1))
             pending[(e.turn, -1)] = {}
+            seq_of[(e.turn, -1)] = e.seq
             h.conversation.append(Message("user", e.text))  # placeholder position kept by order
         elif isinstance(e, AssistantMessage):
             order.append((e.turn, e.step))
             pending.setdefault((e.turn, e.step), {})
+            seq_of[(e.turn, e.step)] = e.seq
             h.outputs.append((e.turn, e.step, e.text))
         elif isinstance(e, ToolResultEvent):
             pending.setdefault((e.turn, e.step), {})[e.index] = e
@@ -73,13 +78,16 @@ def history_from_events(events: Iterable[Event]) -> History:
     for key in order:
         if key[1] == -1:
             conversation.append(next(users))
+            h.seqs.append(seq_of[key])
             continue
         _, _, text = next(texts)
         conversation.append(Message("assistant", text))
+        h.seqs.append(seq_of[key])
         results = pending.get(key) or {}
         if results:
             rendered = [(r.name, i, ToolResult(r.ok, r.output)) for i, r in sorted(results.items())]
             conversation.append(Message("tool", render_results(rendered)))
+            h.seqs.append(max(r.seq for r in results.values()))
     h.conversation = conversation
     return h
 
@@ -100,10 +108,12 @@ def closing_events(events: Sequence[Event], *, detail: str = "the server stopped
     count and output tokens. Seqs continue the log's. Empty when the last
     turn is closed.
     """
-    if not events or isinstance(events[-1], TurnEnd):
+    if not events:
         return []
     last = events[-1]
     turn = [e for e in events if e.turn == last.turn]
+    if any(isinstance(e, TurnEnd) for e in turn):  # closed (events a driver adds after turn_end, e.g. feedback, count)
+        return []
     recorded = {e.step for e in turn if isinstance(e, AssistantMessage)}
     streamed = {e.step for e in turn if isinstance(e, AssistantDelta | ToolCallDelta | ToolCallStarted
                                                   | ToolResultEvent | AssistantMessage)}

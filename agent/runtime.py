@@ -7,7 +7,8 @@ A session is assembled from Protocol-typed parts (:mod:`tools.protocols`):
 
 * :class:`SessionParts` — what comes from the environment: the workspace,
   the sandbox (None: no ``run_command``), the search index (None: no
-  ``semantic_search``);
+  ``semantic_search``), and tools from outside (``extra_tools``: an MCP
+  server's, :mod:`tools.mcp_client`), which join the built-in ones;
 * the policy and its limits (defaults for the session; a turn may override
   both, ``Session.run_turn(policy=, limits=)``);
 * the prompt profile, by default the policy's own (``policy.prompt_profile``,
@@ -55,12 +56,20 @@ class SessionParts:
     workspace: Workspace
     sandbox: Sandbox | None = None
     search_index: SearchIndex | None = None
+    extra_tools: tuple[Tool, ...] = ()
 
 
 def session_tools(parts: SessionParts) -> list[Tool]:
     """The tool set for ``parts``: the built-in tools, plus ``run_command`` when
-    there is a sandbox and ``semantic_search`` when there is an index."""
-    return default_tools(commands=parts.sandbox is not None, semantic_search=parts.search_index is not None)
+    there is a sandbox and ``semantic_search`` when there is an index, then
+    ``parts.extra_tools`` in their order. ``ValueError`` if two tools share a name."""
+    tools = default_tools(commands=parts.sandbox is not None, semantic_search=parts.search_index is not None)
+    tools += parts.extra_tools
+    names = [t.spec.name for t in tools]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+        raise ValueError(f"two tools are named {', '.join(clash)}")
+    return tools
 
 
 def prompt_profile_for(policy: Policy, profile: PromptProfile | None = None) -> PromptProfile:

@@ -267,11 +267,15 @@ class Session:
 
     # -- events --------------------------------------------------------------
 
-    async def emit(self, event: Event) -> None:
+    async def emit(self, event: Event) -> Event:
+        """Stamp ``event`` with the next ``seq``, this session and its current turn, hand it to
+        the sink, and return it as stamped. Drivers may emit events of their own (the server's
+        ``feedback``) between or during turns: they take the next ``seq`` like any other."""
         async with self._emit_lock:
             self._seq += 1
             stamped = event.model_copy(update={"seq": self._seq, "session_id": self.session_id, "turn": self._turn})
             await self.sink.emit(stamped)
+            return stamped
 
     @property
     def last_seq(self) -> int:

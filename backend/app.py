@@ -7,7 +7,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,13 +17,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from backend import errors
 from backend.api import ws
 from backend.api.deps import AppState
-from backend.api.routes import changes, health, replay, sessions
+from backend.api.routes import account, browse, changes, feedback, health, replay, rl, server_info, sessions
+from backend.api.security import SecurityHeaders, install_log_redaction
 from backend.db.engine import make_engine, migrate
 from backend.db.log import SessionInfo, SessionLog
 from backend.db.writer import EventWriter
 from backend.hub import Hub, HubError
 from backend.policies import PolicyConfigError, PolicyFactory
+from backend.run_log import run_in_progress
 from backend.settings import Settings
+from backend.web_app import mount_web_app
+from tools.mcp_client import McpToolset
 from tools.sandbox import SandboxUnavailable, make_sandbox
 from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
 
@@ -41,12 +45,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        install_log_redaction()  # after the ASGI server configured logging: no token reaches a log line
         engine = make_engine(settings.database_url)
         await asyncio.to_thread(migrate, engine)
         session_log = SessionLog(engine)
         settings.check_secure(token_count=await asyncio.to_thread(session_log.token_count))
-        store = WorkspaceStore(settings.data_dir / "workspaces")
-        hub = make_hub(settings, session_log, store)
+        store = WorkspaceStore(settings.data_dir / "workspaces",
+                               overlay=None if settings.workspace_overlay == "auto" else False)
+        # Mounts a killed server left (before its reaper got to them): this server owns the data
+        # directory now (flywheel serve holds its lock), so they are stale. Workspaces mount again on use.
+        stale = await asyncio.to_thread(store.unmount_all)
+        if stale:
+            log.warning("unmounted %d workspace(s) a previous server left mounted", len(stale))
+        toolset = await _external_tools(settings)
+        hub = make_hub(settings, session_log, store, extra_tools=tuple(toolset.tools),
+                       running_elsewhere=lambda sid: run_in_progress(settings.data_dir, sid))
         recovered = await hub.recover()
         if recovered:
             log.warning("closed %d turn(s) left open by the last shutdown", recovered)
@@ -55,6 +68,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await hub.shutdown()
+            await toolset.close()
             hub.writer.close()
             engine.dispose()
 
@@ -69,11 +83,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=ERROR_RESPONSES,
     )
     install_error_handlers(app)
+    app.add_middleware(SecurityHeaders)  # CSP and friends on every response; no credentials in URLs
     app.include_router(health.router)
+    app.include_router(account.router)
+    app.include_router(browse.router)
+    app.include_router(server_info.router)
+    app.include_router(rl.router)
+    app.include_router(feedback.router)
     app.include_router(sessions.router)
     app.include_router(replay.router)
     app.include_router(changes.router)
     app.include_router(ws.router)
+    mount_web_app(app, settings.web_dist)
 
     return app
 
@@ -96,7 +117,8 @@ def tune_gc_for_serving() -> None:
 
 
 def make_hub(settings: Settings, session_log: SessionLog, store: WorkspaceStore, *,
-             workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None) -> Hub:
+             workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None,
+             running_elsewhere: Callable[[str], bool] | None = None, extra_tools: tuple[Any, ...] = ()) -> Hub:
     """The hub over ``session_log`` and ``store`` as the settings configure it: the sandbox
     (none, with a warning, where it cannot run and the settings do not allow running
     unsandboxed), the event writer (close it with ``hub.writer.close()``), the search
@@ -118,8 +140,20 @@ def make_hub(settings: Settings, session_log: SessionLog, store: WorkspaceStore,
         policies=PolicyFactory(openai_base_url=settings.openai_base_url, openai_model=settings.openai_model,
                                openai_api_key=settings.openai_api_key, openai_api=settings.openai_api),
         client_queue_events=settings.client_queue_events, indexes=indexes, workspace_view=workspace_view,
-        max_sockets_per_token=settings.max_sockets_per_token,
+        running_elsewhere=running_elsewhere, max_sockets_per_token=settings.max_sockets_per_token,
+        extra_tools=extra_tools,
     )
+
+
+async def _external_tools(settings: Settings) -> McpToolset:
+    """The MCP servers of ``settings.mcp_config`` (else the config file's ``[mcp_servers]``),
+    connected; one that does not connect is logged and left out. A bad config stops the start."""
+    from backend.mcp_config import config_file_servers, load_mcp_file, open_toolset
+
+    configs = load_mcp_file(settings.mcp_config) if settings.mcp_config is not None else config_file_servers()
+    if not configs:
+        return McpToolset()
+    return await open_toolset(configs, log.info, log.warning)
 
 
 # Documented on every route: the error statuses any route can answer with, all one shape.

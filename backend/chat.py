@@ -33,6 +33,15 @@ session's changes are shown with the choice to apply them, export a patch or lea
 them (``--apply``/``--yes``, ``--export-patch``, ``--discard``; off a terminal it only
 says how), as :mod:`backend.review` does for ``flywheel run``.
 
+Approvals: in a session whose approval mode asks (``--approval-mode``, or the
+session's own when attaching), each ``approval_requested`` is asked on the
+terminal (:mod:`backend.terminal_input`: the full command or the edit; ``y``
+allows, ``n [reason]`` denies) and the answer is sent as an ``approval``
+message; ``--yes`` approves them all. Without a terminal on stdin and without
+``--yes`` such a chat refuses to start (nobody could answer). A question is
+withdrawn when the request is settled otherwise (another client answered, the
+turn ended).
+
 Not guaranteed (commands): ``/undo`` needs the server's checkpoint routes
 (``backend/api/routes/changes.py``), covers only turns this client started, cannot
 take back what ``/apply`` already wrote, and a restarted server forgets its
@@ -67,11 +76,15 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
 
+from agent.approval import ApprovalRequest, Approver
 from agent.events import EVENT_ADAPTER
 from agent.text_safety import escape_json_text, inert, json_safe_value
 from backend.apply_back import ApplyError, ChangeSet, FileState
+from backend.policies import demo_policy
 from backend.review import Choice, finish
+from backend.review import end_choice as choice_of
 from backend.settings import ClientSettings, SettingsError, load_settings
+from backend.terminal_input import YES, StdinLines, TerminalApprover, check_can_ask
 from backend.transcript import Transcript
 
 BACKOFF_FIRST_S = 0.2
@@ -79,12 +92,6 @@ BACKOFF_MAX_S = 5.0
 GIVE_UP_S = 60.0
 # HTTP statuses a retry cannot fix; the socket's close codes 44xx mirror them.
 FATAL = {401: "the server rejected the token", 403: "forbidden", 404: "no such session"}
-
-
-def demo_policy() -> dict[str, Any]:
-    """``--policy demo``: the bundled demo's recorded outputs, streamed gently."""
-    script = json.loads((Path(__file__).with_name("demo") / "script.json").read_text())
-    return {"kind": "scripted", "outputs": script["outputs"], "chunk_chars": 8, "delay_s": 0.01}
 
 
 HELP = """commands:
@@ -146,6 +153,7 @@ class ChatConfig:
     end_choice: Choice = "ask"  # what to do with the changes when the chat ends
     export_patch: Path | None = None
     approval_mode: str = "auto"  # sent with a new session; the server enforces it
+    yes: bool = False  # --yes: approve every call the session's approval mode asks about
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, client: ClientSettings | None = None) -> ChatConfig:
@@ -166,10 +174,9 @@ class ChatConfig:
             raise ChatError("give --workspace PATH to start a session or --session ID to attach to one")
         policy = policy_config(args.policy if args.policy is not None else client.policy)
         workspace = Path(args.workspace).resolve() if args.workspace is not None else None
-        end: Choice = ("apply" if getattr(args, "apply", False) else "export" if getattr(args, "export_patch", None)
-                       else "discard" if getattr(args, "discard", False) else "ask")
-        return cls(server, token, workspace, args.session, policy, args.json, end_choice=end,
-                   export_patch=getattr(args, "export_patch", None), approval_mode=client.approval_mode)
+        return cls(server, token, workspace, args.session, policy, args.json, end_choice=choice_of(args),
+                   export_patch=getattr(args, "export_patch", None), approval_mode=client.approval_mode,
+                   yes=bool(getattr(args, "yes", False)))
 
 
 @dataclass
@@ -184,56 +191,6 @@ class _Turn:
     sent_on: int = 0  # which connection carried it (0: not sent yet)
     interrupting: bool = False
     retries: int = 0
-
-
-class StdinLines:
-    """Lines of a file descriptor as an asyncio queue; ``None`` marks EOF.
-
-    Pipes and terminals are watched by the event loop (no thread blocks on
-    them); regular files and ``/dev/null`` cannot be, and never block, so
-    they are read at once.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
-        self._loop, self._buf, self._watching = loop, b"", False
-        try:
-            self._fd = sys.stdin.fileno()
-        except (AttributeError, OSError, ValueError):  # no stdin at all
-            self._fd = os.open(os.devnull, os.O_RDONLY)
-
-    def start(self) -> None:
-        try:
-            self._loop.add_reader(self._fd, self._readable)
-            self._watching = True
-        except (OSError, ValueError):
-            while chunk := os.read(self._fd, 1 << 16):
-                self._feed(chunk)
-            self._feed(b"")
-
-    def stop(self) -> None:
-        if self._watching:
-            self._loop.remove_reader(self._fd)
-            self._watching = False
-
-    def _readable(self) -> None:
-        try:
-            chunk = os.read(self._fd, 1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            chunk = b""
-        self._feed(chunk)
-
-    def _feed(self, chunk: bytes) -> None:
-        *lines, self._buf = (self._buf + chunk).split(b"\n")
-        if not chunk:
-            self.stop()
-            lines, self._buf = [self._buf] if self._buf else [], b""
-        for line in lines:
-            self.queue.put_nowait(line.decode("utf-8", "replace").rstrip("\r"))
-        if not chunk:
-            self.queue.put_nowait(None)
 
 
 class ChatClient:
@@ -262,6 +219,14 @@ class ChatClient:
         self._undo_ok = True  # False once the server answered that it has no checkpoint routes
         self._note = ""  # said to the model with the next message (after an /undo)
         self._switching = False  # the socket is closed on purpose: reconnect at once, quietly
+        # Approvals: each open approval_requested is asked (or, with --yes, approved) by a task;
+        # stdin lines go to an open question first, else to the prompt loop (_input).
+        self.can_ask = sys.stdin is not None and sys.stdin.isatty()
+        self.approver: Approver = YES if cfg.yes else TerminalApprover(self._read_answer,
+                                                                      self.err if cfg.json else self.out)
+        self._asking: dict[str, asyncio.Task[None]] = {}  # call id -> the task answering it
+        self._answer_waiters: list[asyncio.Future[str | None]] = []
+        self._input: asyncio.Queue[str | None] = asyncio.Queue()
 
     def _say(self, text: str, style: str = "2") -> None:
         color = self.err.isatty() and "NO_COLOR" not in os.environ
@@ -292,10 +257,73 @@ class ChatClient:
         self._show(data)
         t, self.last_seq, self._last_type = self._turn, seq, str(data.get("type"))
         self.steps += self._last_type == "assistant_message"
+        self._track_approval(data)
         if t is not None and self._last_type == "user_message" and t.number is None and data.get("text") == t.text:
             t.number = data.get("turn")
         elif t is not None and self._last_type == "turn_end" and t.number is not None and data.get("turn") == t.number:
             t.done.set()
+
+    # -- approvals ---------------------------------------------------------------------
+
+    def _track_approval(self, data: dict[str, Any]) -> None:
+        """Ask about each approval request that is open; stop asking once it is settled
+        (answered here or by another client, its call cancelled, its turn ended)."""
+        kind, call_id = data.get("type"), data.get("call_id")
+        if kind == "approval_requested" and isinstance(call_id, str) and call_id not in self._asking:
+            request = ApprovalRequest(call_id, str(data.get("name") or ""), dict(data.get("args") or {}),
+                                      "command" if data.get("kind") == "command" else "edit",
+                                      int(data.get("step") or 0), int(data.get("index") or 0))
+            task = asyncio.ensure_future(self._answer(request))
+            self._asking[call_id] = task
+            task.add_done_callback(lambda _t, c=call_id: self._asking.pop(c, None))
+        elif kind in ("approval_resolved", "tool_result") and isinstance(call_id, str):
+            if (task := self._asking.get(call_id)) is not None:
+                task.cancel()
+        elif kind == "turn_end":
+            for task in list(self._asking.values()):
+                task.cancel()
+
+    async def _answer(self, request: ApprovalRequest) -> None:
+        decision = await self.approver.decide(request)
+        msg = {"type": "approval", "call_id": request.call_id, "approved": decision.approved,
+               "reason": decision.reason[:2000]}
+        while True:  # the answer must reach the server: after a reconnect the request is still open there
+            await self._connected.wait()
+            if (ws := self._ws) is None:
+                await asyncio.sleep(0.05)
+                continue
+            try:
+                await ws.send(json.dumps(msg))
+                return
+            except ConnectionClosed:
+                await asyncio.sleep(0.05)
+
+    async def _read_answer(self) -> str | None:
+        """The next stdin line, for an open approval question."""
+        waiter: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._answer_waiters.append(waiter)
+        try:
+            return await waiter
+        finally:
+            self._answer_waiters.remove(waiter)
+
+    async def _route_lines(self, lines: StdinLines) -> None:
+        """Stdin lines: to the open approval question, if any, else to the prompt loop."""
+        while True:
+            line = await lines.queue.get()
+            waiter = next((w for w in self._answer_waiters if not w.done()), None)
+            if waiter is not None:
+                waiter.set_result(line)
+                if line is not None:
+                    continue
+            self._input.put_nowait(line)
+            if line is None:
+                return
+
+    def _check_can_ask(self, mode: object) -> None:
+        why = check_can_ask(str(mode or "auto"), interactive=self.can_ask, yes=self.cfg.yes, command="flywheel chat")
+        if why is not None:
+            raise ChatError(why)
 
     def _on_message(self, raw: str | bytes) -> None:
         try:
@@ -342,6 +370,7 @@ class ChatClient:
 
     async def _open_session(self) -> None:
         if self.cfg.session is None:
+            self._check_can_ask(self.cfg.approval_mode)  # before anything is created
             body: dict[str, Any] = {"workspace": {"path": str(self.cfg.workspace)}, "policy": self.cfg.policy}
             if self.cfg.approval_mode != "auto":
                 body["approval_mode"] = self.cfg.approval_mode
@@ -351,8 +380,10 @@ class ChatClient:
             print(inert(note), file=self.err if self.cfg.json else self.out, flush=True)
             return
         info = await self._rest("GET", f"/v1/sessions/{self.session_id}")
-        if isinstance(info.get("source"), dict) and isinstance(info["source"].get("path"), str):
-            self.original = Path(info["source"]["path"])
+        source = info.get("source") if isinstance(info.get("source"), dict) else {}
+        self._check_can_ask(source.get("approval_mode"))
+        if isinstance(source.get("path"), str):
+            self.original = Path(source["path"])
         after, more = 0, True
         while more:  # the history, before the first prompt
             page = await self._rest("GET", f"/v1/sessions/{self.session_id}/events",
@@ -504,11 +535,12 @@ class ChatClient:
             self._conn = asyncio.create_task(self._connection_loop())
             await self._until(self._connected.wait())
             lines.start()
+            self._spawn(self._route_lines(lines))
             while True:
                 if self.interactive:
                     self.out.write("you › ")
                     self.out.flush()
-                line = await self._until(lines.queue.get())
+                line = await self._until(self._input.get())
                 if line is None or line.strip() == "/quit":
                     return 0
                 if not line.strip():
@@ -534,7 +566,7 @@ class ChatClient:
             lines.stop()
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGINT)
-            tasks = [task for task in (self._conn, *self._tasks) if task is not None]
+            tasks = [task for task in (self._conn, *self._tasks, *self._asking.values()) if task is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -703,7 +735,9 @@ def review(client: ChatClient, *, ask: Any = None) -> int:
     sid = client.session_id
     return finish(changes, target, choice=cfg.end_choice, say=say, patch_file=cfg.export_patch, ask=ask,
                   no_target=why, expected=client.applied,
-                  retry_hint=f"attach again to apply them: flywheel chat --session {sid} --apply < /dev/null").status
+                  retry_hint=f"attach again to apply them: flywheel chat --session {sid} --apply < /dev/null",
+                  discarded=f"nothing was written to your directory, but session {sid} keeps them in its workspace on "
+                  f"the server (`flywheel chat --session {sid} --apply` applies them later)").status
 
 
 def _ask(prompt: str) -> str | None:

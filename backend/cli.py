@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from backend.db.log import SessionLog
+    from backend.run_log import RunRecorder
     from backend.settings import Settings
+    from tools.mcp_client import McpToolset
     from tools.workspace import Workspace
 
 DEMO_DIR = Path(__file__).with_name("demo")
@@ -56,35 +58,46 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="chat (default) or completions: send the runtime's own rendered prompt, byte for byte "
                    "what a local policy sees, and get token ids back (use with `flywheel policy serve`)")
     p.add_argument("--json", action="store_true", help="print events as JSON lines instead of a transcript")
-    _add_end_choice(p, "the original directory (--workspace, or the --git repository's working tree)")
+    _add_end_choice(p, "the original directory (--workspace, or the --git repository's working tree)",
+                    "at the end, discard the changes without asking (the temporary copy is deleted)")
     p.add_argument("--max-steps", type=int, default=30, help="model calls per turn (default 30)")
     p.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit for the turn, seconds")
     p.add_argument("--data-dir", type=Path, help="keep the workspace here (default: a temporary directory)")
+    p.add_argument("--no-record", action="store_true",
+                   help="do not record the session in the local session log (by default it is, where `flywheel "
+                   "serve` keeps it: FLYWHEEL_DB_URL, else FLYWHEEL_DATA_DIR, else ~/.local/share/flywheel, so "
+                   "`flywheel sessions` and `flywheel replay` show it)")
     p.add_argument("--semantic-search", action="store_true",
                    help="index the workspace (embeddings + BM25) and give the agent the semantic_search tool")
     p.add_argument(
         "--unsafe-no-sandbox", action="store_true",
         help="run commands WITHOUT isolation if bubblewrap is missing (dangerous)",
     )
+    p.add_argument("--mcp", action="append", default=[], metavar="NAME=COMMAND|URL",
+                   help="give the agent an external MCP server's tools (as mcp__NAME__TOOL): NAME=COMMAND ARGS... "
+                   "starts it over stdio, NAME=http(s)://... connects over streamable HTTP (repeatable)")
+    p.add_argument("--mcp-config", type=Path, metavar="FILE",
+                   help='MCP servers from a file: JSON {"mcpServers": {NAME: {command, args, env} | {url, headers}}} '
+                   "or TOML [mcp_servers.NAME] tables")
     p.set_defaults(func=_cmd_run)
 
 
-def _add_end_choice(p: argparse.ArgumentParser, original: str) -> None:
+def _add_end_choice(p: argparse.ArgumentParser, original: str, discard: str) -> None:
     """``--apply``/``--yes``, ``--export-patch``, ``--discard`` and ``--approval-mode`` (run and chat)."""
     end = p.add_mutually_exclusive_group()
-    end.add_argument("--apply", "--yes", "-y", dest="apply", action="store_true",
+    end.add_argument("--apply", action="store_true",
                      help=f"at the end, apply the session's changes to {original} without asking; "
                      "if a file they touch changed there since the session started, apply nothing and exit 1")
     end.add_argument("--export-patch", type=Path, metavar="FILE",
                      help="at the end, write the changes as a patch for `git apply` instead of asking")
-    end.add_argument("--discard", action="store_true", help="at the end, discard the changes without asking")
+    end.add_argument("--discard", action="store_true", help=discard)
     p.add_argument("--approval-mode", choices=["ask-commands", "ask-edits", "auto"],
-                   help="ask before commands, before edits (and commands), or never (default: `approval_mode` "
-                   "in the config file, else auto)")
-
-
-def _end_choice(args: argparse.Namespace) -> str:
-    return "apply" if args.apply else "export" if args.export_patch else "discard" if args.discard else "ask"
+                   help="ask before every command; before every edit and every command (a command can "
+                   "rewrite files too); or never (default: `approval_mode` in the config file, else auto). "
+                   "Asking needs a terminal, or --yes")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="answer yes to every question: approve each call the approval mode asks about, and "
+                   "at the end apply the changes as --apply does (unless --export-patch or --discard is given)")
 
 
 def _ask(prompt: str) -> str | None:
@@ -110,6 +123,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                    help="directory sessions may copy workspaces from (repeatable; default: the demo)")
     p.add_argument("--openai-base-url", help="OpenAI-compatible model server for policy 'openai'")
     p.add_argument("--openai-model", help="default model name for policy 'openai'")
+    p.add_argument("--mcp-config", type=Path, metavar="FILE",
+                   help="external MCP servers whose tools every session gets (JSON mcpServers or TOML "
+                   "[mcp_servers.NAME]; default: the [mcp_servers] tables of the config file)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=_cmd_serve)
 
@@ -134,7 +150,9 @@ def _add_chat(sub: argparse._SubParsersAction) -> None:
                    'scripted:FILE.json, or "demo" for the bundled scripted demo (default: `policy` in the config '
                    'file, else {"kind": "openai"})')
     p.add_argument("--json", action="store_true", help="print events as JSON lines instead of a transcript")
-    _add_end_choice(p, "the session's directory (on this machine)")
+    _add_end_choice(p, "the session's directory (on this machine)",
+                    "at the end, write nothing to your directory, without asking (the session keeps its changes "
+                    "in its workspace on the server: --session ID --apply applies them later)")
 
     def run(args: argparse.Namespace) -> int:
         from backend.chat import run_chat
@@ -312,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     from backend.acp import cli as acp_cli
 
     acp_cli.add_parser(sub)
+    from backend import mcp_cli
+
+    mcp_cli.add_parser(sub)
     return parser
 
 
@@ -348,11 +369,12 @@ class CliError(Exception):
 
 
 async def _run(args: argparse.Namespace) -> int:
-    from agent.events import CallbackSink, event_to_json
+    from agent.events import CallbackSink, FanoutSink, event_to_json
     from agent.text_safety import inert
-    from agent.policies import make_policy
+    from agent.policies import build_policy, parse_policy_spec
     from agent.runtime import SessionParts, build_session
     from agent.session import Limits
+    from backend.terminal_input import YES, StdinLines, TerminalApprover, check_can_ask
     from backend.transcript import Transcript
     from tools.sandbox import SandboxUnavailable, make_sandbox
     from tools.workspace import WorkspaceError, WorkspaceStore
@@ -364,9 +386,12 @@ async def _run(args: argparse.Namespace) -> int:
         client = load_settings(ClientSettings, approval_mode=args.approval_mode)  # the config file's defaults
     except SettingsError as exc:
         raise CliError(str(exc)) from None
-    # Stored for the session's approvals (ask-commands | ask-edits | auto); this driver
-    # does not ask yet, so every mode behaves as auto here.
-    args.approval_mode = client.approval_mode
+    # The session's approval mode (ask-commands | ask-edits | auto): asked on this terminal
+    # (backend.terminal_input), or approved by --yes; with nobody to ask, refuse before anything runs.
+    why = check_can_ask(client.approval_mode, interactive=sys.stdin is not None and sys.stdin.isatty(),
+                        yes=args.yes, command="flywheel run")
+    if why is not None:
+        raise CliError(why)
     demo = args.workspace is None and args.git is None
     request = args.request
     policy_spec = args.policy
@@ -383,7 +408,9 @@ async def _run(args: argparse.Namespace) -> int:
                        "(or set `policy` in the config file)")
     if policy_spec == "demo":
         policy_spec = f"scripted:{DEMO_DIR / 'script.json'}"
-    policy = make_policy(policy_spec, base_url=args.base_url, model=args.model, api_key=args.api_key, api=args.api)
+    policy_config = parse_policy_spec(policy_spec, base_url=args.base_url, model=args.model, api_key=args.api_key,
+                                      api=args.api)
+    policy = build_policy(policy_config)
     allow_unsafe = local.unsafe_no_sandbox
     tmp = None
     if args.data_dir is None:
@@ -407,8 +434,13 @@ async def _run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, WorkspaceError) as exc:
         raise CliError(f"could not create the workspace: {exc}") from None
 
+    toolset = await _mcp_toolset(args)
     out = sys.stdout
     sink_fn = (lambda e: print(event_to_json(e), file=out, flush=True)) if args.json else Transcript(out)
+    recorder = None if args.no_record else _start_recording(
+        args, workspace, request=request, policy_config=policy_config, approval_mode=client.approval_mode,
+        kept_in=None if tmp is not None else store.root)
+    sink = CallbackSink(sink_fn) if recorder is None else FanoutSink(recorder, CallbackSink(sink_fn))
     index = None
     if args.semantic_search:
         from embeddings.index import WorkspaceIndex
@@ -417,17 +449,37 @@ async def _run(args: argparse.Namespace) -> int:
         index = WorkspaceIndex(workspace.root, data_dir=local.search_index_dir)
         stats = await asyncio.to_thread(index.refresh, progress=sys.stderr.isatty())
         print(f"indexed {stats.files} files, {stats.chunks} chunks ({stats.embedded} embedded now)", file=sys.stderr)
-    session = build_session(
-        SessionParts(workspace=workspace, sandbox=sandbox, search_index=index), policy=policy,
-        limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout), sink=CallbackSink(sink_fn),
-    )
     loop = asyncio.get_running_loop()
+    lines = approver = None
+    if client.approval_mode != "auto":
+        if args.yes:
+            approver = YES
+        else:
+            lines = StdinLines(loop)
+            lines.start()
+            approver = TerminalApprover(lines.queue.get, sys.stderr if args.json else out)
+    session = build_session(
+        SessionParts(workspace=workspace, sandbox=sandbox, search_index=index, extra_tools=tuple(toolset.tools)),
+        policy=policy, limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout), sink=sink,
+        approval_mode=client.approval_mode, approver=approver, session_id=recorder.session_id if recorder else None,
+    )
     with contextlib.suppress(NotImplementedError, RuntimeError):
         loop.add_signal_handler(signal.SIGINT, session.interrupt)
+    from backend.db.writer import EventRejected, LogUnavailable
+
     try:
         outcome = await session.run_turn(request)
+    except (LogUnavailable, EventRejected) as exc:
+        raise CliError(f"recording the session failed ({exc}); --no-record runs without recording") from None
     finally:
+        if lines is not None:
+            lines.stop()  # the review below reads its answer with input()
+        if recorder is not None:
+            problem = await recorder.finish(workspace)
+            note = f"recorded as session {recorder.session_id} (flywheel sessions show {recorder.session_id[:12]})"
+            print(note + (f"; {problem}" if problem else ""), file=sys.stderr if args.json else out)
         await policy.aclose()
+        await toolset.close()
         if index is not None:
             index.close()
         with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -453,10 +505,46 @@ async def _run(args: argparse.Namespace) -> int:
     return status
 
 
+def _start_recording(args: argparse.Namespace, workspace: Workspace, *, request: str, policy_config: object,
+                     approval_mode: str, kept_in: Path | None) -> RunRecorder:
+    """Open the local session log and record the run's session there (:mod:`backend.run_log`)."""
+    from backend.local_log import LogNotFound, log_settings
+    from backend.run_log import RunRecorder, policy_record
+
+    if args.git is not None:
+        source: dict[str, object] = {"kind": "git", "path": os.path.realpath(args.git), "commit": args.commit}
+    else:
+        source = {"kind": "dir", "path": os.path.realpath(args.workspace or DEMO_DIR / "workspace")}
+    try:
+        recorder = RunRecorder.open(log_settings())
+        recorder.start(workspace, title=request, source=source, policy=policy_record(policy_config),
+                       approval_mode=approval_mode, kept_in=kept_in)
+    except (LogNotFound, OSError) as exc:
+        raise CliError(f"cannot record the session: {exc} (--no-record runs without recording)") from None
+    return recorder
+
+
+async def _mcp_toolset(args: argparse.Namespace) -> McpToolset:
+    """The external MCP servers of ``--mcp`` and ``--mcp-config``, connected (none: an empty set).
+    A server that does not connect is left out with a message; a bad flag or file is a :class:`CliError`."""
+    from backend.mcp_config import load_mcp_file, open_toolset, parse_mcp_flag
+    from tools.mcp_client import McpConfigError, McpToolset
+
+    try:
+        configs = [parse_mcp_flag(v) for v in args.mcp]
+        if args.mcp_config is not None:
+            configs += load_mcp_file(args.mcp_config)
+        if not configs:
+            return McpToolset()
+        return await open_toolset(configs, lambda line: print(line, file=sys.stderr, flush=True))
+    except McpConfigError as exc:
+        raise CliError(str(exc)) from None
+
+
 def _review(args: argparse.Namespace, workspace: Workspace, original: Path | None) -> int:
     """The end of ``flywheel run``: apply the changes to ``original``, export them, or discard them."""
     from backend.apply_back import ApplyError, ChangeSet
-    from backend.review import finish
+    from backend.review import end_choice, finish
 
     say = sys.stderr if args.json else sys.stdout
     try:
@@ -467,7 +555,7 @@ def _review(args: argparse.Namespace, workspace: Workspace, original: Path | Non
     interactive = not args.json and sys.stdin.isatty() and sys.stdout.isatty()
     again = "run again with --apply, or with --export-patch FILE to get a patch"
     outcome = finish(
-        changes, Path(os.path.realpath(original)) if original is not None else None, choice=_end_choice(args),
+        changes, Path(os.path.realpath(original)) if original is not None else None, choice=end_choice(args),
         say=say, patch_file=args.export_patch, ask=_ask if interactive else None, retry_hint=again,
         no_target="the demo works on Flywheel's bundled example, so its changes are not applied anywhere; "
         "use --workspace DIR for your own project",
@@ -493,6 +581,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         "host": getattr(args, "host", None), "port": getattr(args, "port", None), "db_url": getattr(args, "db", None),
         "data_dir": getattr(args, "data_dir", None), "allowed_roots": getattr(args, "allow_root", None),
         "openai_base_url": getattr(args, "openai_base_url", None), "openai_model": getattr(args, "openai_model", None),
+        "mcp_config": getattr(args, "mcp_config", None),
     }
     try:
         return load_settings(Settings, **overrides)
@@ -528,6 +617,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except CliError as exc:
         print(f"flywheel serve: {exc}", file=sys.stderr)
         return 1
+    from backend.mcp_config import config_file_servers, load_mcp_file
+    from tools.mcp_client import McpConfigError
+
+    try:  # checked here so a bad file is one line, not a traceback from the app's start
+        load_mcp_file(settings.mcp_config) if settings.mcp_config is not None else config_file_servers()
+    except McpConfigError as exc:
+        os.close(lock)
+        print(f"flywheel serve: {exc}", file=sys.stderr)
+        return 1
     try:
         log = _open_log(settings)
     except CliError as exc:
@@ -556,6 +654,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     url = f"http://{settings.host}:{port}"
     print(f"Flywheel is serving at {url}  (API docs: {url}/docs)", flush=True)
+    from backend.web_app import is_built
+
+    if is_built(settings.web_dist):
+        print(f"web app: {url}/  (sign in with a token)", flush=True)
+    else:
+        print(f"web app: not built ({settings.web_dist} is missing); run scripts/setup.sh, or "
+              "`cd web && npm ci && npm run build` (Node.js >= 18)", flush=True)
     if token_file.exists():
         print(f"token: {token_file.read_text().strip()}  (staff; stored in {token_file})", flush=True)
     if token_file.exists():

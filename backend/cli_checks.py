@@ -13,11 +13,14 @@ or that :func:`check_database` catches every failure a later query may hit.
 
 from __future__ import annotations
 
+import argparse
 import errno
 import logging
 import os
 import re
 import socket
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +47,25 @@ def one_line(exc: BaseException) -> str:
                 line = line.split(") ", 1)[1]
             return line[:300]
     return type(exc).__name__
+
+
+def guarded(command: str, fn: Callable[[argparse.Namespace], int],
+            errors: Callable[[], tuple[type[BaseException], ...]]) -> Callable[[argparse.Namespace], int]:
+    """``fn`` as the action of ``flywheel COMMAND ACTION`` (the action is ``args.COMMAND_command``):
+    the failures it expects — ``errors()``, imported only when one happens, so ``--help``
+    stays fast — print ``flywheel COMMAND ACTION: message`` (inert) and exit 1."""
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args) or 0)
+        except Exception as exc:
+            if not isinstance(exc, errors()):
+                raise
+            from agent.text_safety import inert
+
+            action = getattr(args, f"{command}_command", "")
+            print(inert(f"flywheel {command} {action}: {exc}"), file=sys.stderr)
+            return 1
+    return run
 
 
 def check_port(port: int | None, flag: str = "--port") -> None:

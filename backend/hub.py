@@ -52,11 +52,13 @@ from agent.approval import ApprovalDecision, ApprovalError, ApprovalMode, Pendin
 from agent.events import Event, TurnEnd
 from agent.history import closing_events, history_from_events
 from agent.policy import Policy
+from agent.recorded_tools import recorded_tools, spec_record
 from agent.runtime import LazySearchIndex, SessionParts, build_session
 from agent.session import Limits, Session
 from backend.db.log import SessionInfo, SessionLog, StoredEvent
 from backend.db.writer import EventWriter
 from backend.policies import PolicyFactory
+from tools.base import FileEdit, Tool
 from tools.sandbox import Sandbox
 from tools.snapshots import SnapshotError
 from tools.workspace import Workspace, WorkspaceError, WorkspaceStore
@@ -180,6 +182,8 @@ class Hub:
         policies: PolicyFactory, client_queue_events: int = 2048, limits: Limits = Limits(),
         indexes: IndexPool | None = None, max_sockets_per_token: int = 32, send_stall_s: float = 10.0,
         workspace_view: Callable[[SessionInfo, Workspace], WorkspaceLike] | None = None,
+        running_elsewhere: Callable[[str], bool] | None = None,
+        extra_tools: tuple[Tool, ...] = (),
     ):
         self.log = log_
         self.writer = writer
@@ -189,6 +193,7 @@ class Hub:
         self.client_queue_events = client_queue_events
         self.limits = limits
         self.indexes = indexes  # None: no semantic_search tool
+        self.extra_tools = extra_tools  # external MCP servers' tools, shared by every session
         self.live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self.sockets = SocketLimit(max_sockets_per_token)
@@ -196,25 +201,37 @@ class Hub:
         # What a live session's tools act on, given its workspace: the workspace itself
         # (None), or a view of it (``flywheel acp`` ties file tools to the editor's buffers).
         self.workspace_view = workspace_view
+        # A session another process is recording right now (a `flywheel run`): not left open by a crash.
+        self.running_elsewhere = running_elsewhere
 
     def live_parts(self, workspace: WorkspaceLike) -> SessionParts:
         """Parts for a live session: the server's sandbox and the workspace's pooled
         background index, built on the pool's thread at its first search (a session that
         never searches costs no indexing and never loads the embedder)."""
         index = self.indexes.get(workspace.root) if self.indexes is not None else None
-        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index)
+        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index,
+                            extra_tools=self.extra_tools)
 
-    def replay_parts(self, workspace: Workspace) -> SessionParts:
+    def replay_parts(self, workspace: Workspace, info: SessionInfo | None = None, events: list[Event] | None = None,
+                     *, live_tools: bool = False, model_calls: int | None = None) -> SessionParts:
         """Parts for re-executing a recording: the same tool set as a live session, but
         an index built completely at the first ``semantic_search`` (a replay must not
         see "still being built"), so replaying a session that never searched never
-        loads the embedder. Release with :meth:`release_parts`."""
+        loads the embedder. The external tools are the ones ``info`` recorded, answered
+        from ``events`` (:mod:`agent.recorded_tools`); with ``live_tools`` (a branch),
+        calls the recording lacks go to the server's tool of that name, and ``model_calls``
+        limits the recording to the steps the branch re-executes. Release with
+        :meth:`release_parts`."""
         pool = self.indexes
         index = None
         if pool is not None:
             root = workspace.root
             index = LazySearchIndex(lambda: pool.build_now(root))
-        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index)
+        records = info.source.get("external_tools", []) if info is not None else []
+        live = {t.spec.name: t for t in self.extra_tools} if live_tools else None
+        extra = tuple(recorded_tools(records, events or [], live, model_calls=model_calls)) \
+            if isinstance(records, list) else ()
+        return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index, extra_tools=extra)
 
     @staticmethod
     def release_parts(parts: SessionParts) -> None:
@@ -232,10 +249,13 @@ class Hub:
         output of the step that was streaming, a cancelled result for every
         call that was running, and a ``turn_end`` (``shutdown``) with the true
         step count — so the conversation the model sees next includes every
-        call whose effect may be in the workspace. Returns how many sessions
-        were marked idle again.
+        call whose effect may be in the workspace. Sessions ``running_elsewhere``
+        (a ``flywheel run`` recording now) are left alone. Returns how many
+        sessions were marked idle again.
         """
         stale = await asyncio.to_thread(self.log.sessions_with_status, "running")
+        if self.running_elsewhere is not None:
+            stale = [info for info in stale if not self.running_elsewhere(info.id)]
         for info in stale:
             events = await asyncio.to_thread(self.log.all_events, info.id)
             for event in closing_events(events, detail="the server stopped during this turn (closed at restart)"):
@@ -252,6 +272,9 @@ class Hub:
             self._release_index(live.session)
         if self.indexes is not None:
             self.indexes.close()
+        # Synchronously, not left to the exit hook or the reaper: whoever removes or reuses the
+        # data directory next finds nothing mounted (workspaces mount again when next opened).
+        await asyncio.to_thread(self.store.unmount_all)
 
     # -- sessions --------------------------------------------------------------
 
@@ -268,6 +291,8 @@ class Hub:
         source = {k: v for k, v in source.items() if k != "approval_mode"}
         if mode != "auto":
             source["approval_mode"] = mode
+        if self.extra_tools and "external_tools" not in source:  # for replays (agent.recorded_tools)
+            source["external_tools"] = [spec_record(t.spec) for t in self.extra_tools]
         await asyncio.to_thread(self.log.save_snapshot, workspace.base)
         return await asyncio.to_thread(
             self.log.create_session, id=uuid.uuid4().hex, owner=owner, title=title[:200], source=source,
@@ -286,17 +311,30 @@ class Hub:
                 return live
             events = await asyncio.to_thread(self.log.all_events, info.id)
             h = history_from_events(events)
+            consumed = len(h.outputs) - self._unscripted_outputs(info, events)
             workspace = await self._open_workspace(info)
             approvals = PendingApprovals()
             view = self.workspace_view(info, workspace) if self.workspace_view is not None else workspace
             session = build_session(
-                self.live_parts(view), policy=policy or self.policies.build(info.policy, consumed=len(h.outputs)),
+                self.live_parts(view), policy=policy or self.policies.build(info.policy, consumed=consumed),
                 limits=self.limits, sink=_PersistThenBroadcast(self, info.id), session_id=info.id, history=h,
                 approval_mode=approval_mode_of(info), approver=approvals,
             )
             live = LiveSession(info, session, workspace, approvals)
             self.live[info.id] = live
             return live
+
+    @staticmethod
+    def _unscripted_outputs(info: SessionInfo, events: list[Event]) -> int:
+        """Model outputs in a session's log that its own (scripted) policy did not produce:
+        a branch's re-executed steps, unless its script begins with them (the branch then
+        continued the script, :func:`backend.replay.branch_consumed`). The branch's log
+        begins with the same outputs as its parent's, so its own log answers."""
+        if not info.branch_step:
+            return 0
+        from backend.replay import branch_consumed, recorded_turns
+
+        return info.branch_step - branch_consumed(info.policy, recorded_turns(events), info.branch_step)
 
     async def _open_workspace(self, info: SessionInfo) -> Workspace:
         try:
@@ -328,8 +366,17 @@ class Hub:
 
         The re-executed steps get the answers recorded for their calls (a refused
         call is refused again); the branch then asks per ``approval_mode``
-        (default: the parent's)."""
-        from backend.replay import recorded_turns, run_recording, truncate_at_step
+        (default: the parent's).
+
+        How it continues (:func:`backend.replay.plan_branch`): from a turn boundary
+        (step 0 included) the next recorded turn starts over with its user message and
+        ``policy``; from inside a turn, that turn runs again as one turn — its user
+        message, its recorded steps, then ``policy``; from the recording's end only if
+        the model owes an answer to tool results. ``auto_continue=False``: the branch
+        stops at ``from_step`` and waits for a message. A scripted ``policy`` that begins
+        with the recording's outputs (the demo's own script) continues the script after
+        them (:func:`backend.replay.branch_consumed`) instead of restarting it."""
+        from backend.replay import branch_consumed, plan_branch, recorded_turns, run_recording
 
         events = await asyncio.to_thread(self.log.all_events, info.id)
         turns = recorded_turns(events)
@@ -344,20 +391,28 @@ class Hub:
             approval_mode=approval_mode if approval_mode is not None else approval_mode_of(info),
         )
         # The branch's own policy and limits are the session's defaults; the recorded
-        # steps run with per-turn scripted policies (run_recording), then it continues.
+        # turns run with per-turn scripted policies (run_recording), then the continuation
+        # (plan_branch): the cut turn's user message, its recorded steps, the new policy.
+        plan = plan_branch(turns, from_step, auto_continue=auto_continue)
         approvals = PendingApprovals()
         session = build_session(
-            self.replay_parts(workspace), policy=self.policies.build(policy), limits=self.limits,
-            sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
+            self.replay_parts(workspace, info, events, live_tools=True, model_calls=from_step),
+            policy=self.policies.build(policy, consumed=branch_consumed(policy, turns, from_step)),
+            limits=self.limits, sink=_PersistThenBroadcast(self, new.id), session_id=new.id,
             approval_mode=approval_mode_of(new), approver=approvals,
             recorded_approvals=recorded_decisions(events, model_calls=from_step, unasked=True),
         )
-        await run_recording(truncate_at_step(turns, from_step), session)
+        await run_recording(plan.recorded, session)
         live = LiveSession(new, session, workspace, approvals)
         self.live[new.id] = live
-        if auto_continue and session.conversation and session.conversation[-1].role == "tool":
+        go_on = plan.continuation
+        if go_on is not None and go_on.only_if_tool_results:
+            owes_answer = bool(session.conversation) and session.conversation[-1].role == "tool"
+            go_on = go_on if owes_answer else None
+        if go_on is not None:
             live.turn_ended = False
-            live.turn_task = asyncio.create_task(self._turn(live, None), name=f"hub-turn:{new.id}")
+            live.turn_task = asyncio.create_task(
+                self._turn(live, go_on.user_text, policy=go_on.policy(session.policy)), name=f"hub-turn:{new.id}")
         return new
 
     async def send(self, info: SessionInfo, text: str) -> None:
@@ -376,13 +431,16 @@ class Hub:
         live.turn_ended = False
         live.turn_task = asyncio.create_task(self._turn(live, text), name=f"hub-turn:{info.id}")
 
-    async def _turn(self, live: LiveSession, text: str | None) -> None:
-        # The status follows the turn's own events: turn_started commits "running" and
-        # turn_end "idle" in their transactions (SessionLog.append_stored), so no other
-        # write competes with the event writer for the database during a turn.
+    async def _turn(self, live: LiveSession, text: str | None, *, policy: Policy | None = None) -> None:
+        """Run one turn (``policy``: this turn's only, e.g. a branch's recorded steps then
+        its own policy; None: the session's).
+
+        The status follows the turn's own events: turn_started commits "running" and
+        turn_end "idle" in their transactions (SessionLog.append_stored), so no other
+        write competes with the event writer for the database during a turn."""
         failed = False
         try:
-            await live.session.run_turn(text)
+            await live.session.run_turn(text, policy=policy)
         except Exception:
             failed = True  # e.g. the log failed: its turn_end may not be stored
             log.exception("session %s: turn failed", live.info.id)
@@ -402,6 +460,52 @@ class Hub:
         self._loading.pop(live.info.id, None)
         await live.session.policy.aclose()
         await asyncio.to_thread(self._release_index, live.session)
+
+    # -- events from outside the agent loop (feedback) ------------------------------
+
+    async def record_event(self, info: SessionInfo, event: Event) -> Event:
+        """Append an event the server makes itself (``feedback``) to the session's stream and
+        return it as stored: through the live session when there is one (it takes the next
+        ``seq`` and reaches the session's watchers), else straight to the log after its last
+        ``seq`` (no workspace needed: an RL rollout can be rated). Stamped with the session's
+        current turn."""
+        live = self.live.get(info.id)
+        if live is None:
+            async with self._loading.setdefault(info.id, asyncio.Lock()):  # get_live waits for this one
+                live = self.live.get(info.id)
+                if live is None:
+                    now_ = await asyncio.to_thread(self.log.get_session, info.id) or info
+                    return await self.writer.append(event.model_copy(update={
+                        "seq": now_.last_seq + 1, "session_id": info.id, "turn": now_.turns}))
+        return await live.session.emit(event)
+
+    async def revert_file(self, info: SessionInfo, path: str,
+                          record: Callable[[FileEdit], Event]) -> tuple[FileEdit, Event]:
+        """Put ``path`` back as it was when the session started (``Workspace.revert``), tell the
+        search index, and append ``record(edit)`` to the stream; returns both. 409 while a turn
+        runs or when the file is not changed, 410 when the workspace is gone. A message sent
+        while the revert writes waits for it (the revert holds the session's turn slot)."""
+        live = await self.get_live(info)
+        if live.running and live.turn_ended and live.turn_task is not None:
+            await asyncio.wait([live.turn_task])  # its turn_end is out; only the status update is left
+        if live.running:
+            raise HubError(409, "a turn is running in this session; revert once it has ended (or interrupt it)")
+
+        async def work() -> tuple[FileEdit, Event]:
+            try:
+                edit = await asyncio.to_thread(live.workspace.revert, path)
+            except WorkspaceError as exc:
+                raise HubError(409, str(exc)) from None
+            if live.session.ctx.search_index is not None:
+                live.session.ctx.search_index.notify_edits([edit.path])
+            return edit, await live.session.emit(record(edit))
+
+        task = asyncio.create_task(work(), name=f"hub-revert:{info.id}")
+        live.turn_task, live.turn_ended = task, True  # send() waits for an ended turn's task, then starts
+        try:
+            return await task
+        finally:
+            await self._evict_if_unused(live)
 
     async def interrupt(self, info: SessionInfo) -> bool:
         live = self.live.get(info.id)

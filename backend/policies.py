@@ -18,6 +18,8 @@ function the CLI uses.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Literal
 
 from agent.policies import ScriptedConfig, build_policy
@@ -25,6 +27,18 @@ from agent.policies.openai_compat import OpenAIConfig
 from agent.policy import Policy
 
 MAX_SCRIPT_CHARS = 8 * 1024 * 1024
+DEMO_DIR = Path(__file__).with_name("demo")
+"""The bundled demo: ``workspace/`` (a small project with a bug) and ``script.json`` (its request and outputs)."""
+
+
+def demo_script() -> dict[str, Any]:
+    """The demo's ``{"request": str, "outputs": [str, ...]}``."""
+    return json.loads((DEMO_DIR / "script.json").read_text())  # type: ignore[no-any-return]
+
+
+def demo_policy() -> dict[str, Any]:
+    """``--policy demo``: the bundled demo's recorded outputs, streamed gently."""
+    return {"kind": "scripted", "outputs": demo_script()["outputs"], "chunk_chars": 8, "delay_s": 0.01}
 
 
 class PolicyConfigError(ValueError):

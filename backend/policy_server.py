@@ -50,6 +50,9 @@ that change nothing are accepted (``user``, ``metadata``, ``store``,
 routes included, is OpenAI-shaped: ``{"error": {"message", "type", "param",
 "code"}}``.
 
+Every route's body is typed in ``/openapi.json`` (``backend/policy_server_schemas.py``):
+the JSON answer, the ``text/event-stream`` chunks of a streamed one, and the error shape.
+
 Not guaranteed: the order in which chunks of different choices interleave in
 a stream (each choice's own chunks are in order); ``usage`` counts a batched
 request's prompts once each, not once per choice.
@@ -76,6 +79,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from agent.prompt import CHAT_TEMPLATE, DEFAULT_PROFILE, ChatTemplate, Message, PromptProfile, flatten
+from backend.policy_server_schemas import (
+    ChatCompletion,
+    Completion,
+    ModelCard,
+    ModelList,
+    document_streams,
+    error_responses,
+)
 
 
 class PolicyServerSettings(BaseSettings):
@@ -288,7 +299,9 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None,
             raise ApiError(401, "invalid or missing API key (Authorization: Bearer KEY)", type_="authentication_error",
                            code="invalid_api_key")
 
-    app = FastAPI(title="Flywheel policy server", lifespan=lifespan, dependencies=[Depends(authorise)])
+    app = FastAPI(title="Flywheel policy server", lifespan=lifespan, dependencies=[Depends(authorise)],
+                  responses=error_responses(401))
+    document_streams(app)
     app.state.begin_shutdown = begin_shutdown
 
     @app.exception_handler(ApiError)
@@ -346,11 +359,11 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None,
         return {"id": model_id, "object": "model", "created": 0, "owned_by": "flywheel", "max_model_len": engine.max_len,
                 "prompt_profile": {"name": prompt_profile.name, "fingerprint": prompt_profile.fingerprint}}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList)
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [card()]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", response_model=ModelCard, responses=error_responses(404))
     async def model(name: str) -> dict[str, Any]:
         """The served model (also under its alias ``default``); 404 ``model_not_found`` for any other id."""
         if name not in (model_id, "default"):
@@ -358,7 +371,7 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None,
                            code="model_not_found", param="model")
         return card()
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=error_responses(400, 404, 500))
     async def chat(body: ChatRequest) -> dict[str, Any] | StreamingResponse:
         check_model(body.model)
         body.refuse_unsupported()
@@ -379,7 +392,7 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None,
             "usage": _usage(len(prompt_ids), sum(len(c.token_ids) for c in done)),
         }
 
-    @app.post("/v1/completions", response_model=None)
+    @app.post("/v1/completions", response_model=Completion, responses=error_responses(400, 404, 500))
     async def completions(body: CompletionRequest) -> dict[str, Any] | StreamingResponse:
         check_model(body.model)
         body.refuse_unsupported()

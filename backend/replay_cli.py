@@ -121,7 +121,8 @@ def _call(client: httpx.Client, method: str, path: str, body: Any = None) -> Any
 def render_report(report: dict[str, Any]) -> str:
     c = report["counts"]
     lines = [f"re-executed {report['session_id']}: {c['same']} same, {c['differs']} differ, "
-             f"{c['missing']} missing, {c['extra']} extra"]
+             f"{c['missing']} missing, {c['extra']} extra"
+             + (f", {c['recorded']} from the recording (external tools are not run again)" if c.get("recorded") else "")]
     for call in report["calls"]:
         lines.append(f"  {call['status']:8} {call['call_id']:12} {call['name']}")
         if call["status"] == "differs":

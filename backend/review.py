@@ -3,7 +3,7 @@
 :func:`finish` takes the session's :class:`~backend.apply_back.ChangeSet` and what
 the user chose on the command line:
 
-* ``apply`` (``--apply`` / ``--yes``): apply to the original directory without
+* ``apply`` (``--apply``, or ``--yes`` without another choice): apply to the original directory without
   asking; on a conflict nothing is written, the patch is saved to a temporary
   file (so the work is not lost) and the status is 1;
 * ``export`` (``--export-patch FILE``): write the patch;
@@ -40,6 +40,16 @@ class Outcome:
     patch_file: Path | None = None
 
 
+def end_choice(args: object) -> Choice:
+    """The choice the command line made (``--export-patch``, ``--discard``, ``--apply`` or
+    ``--yes``; none of them: ask), for ``flywheel run`` and ``flywheel chat``."""
+    if getattr(args, "export_patch", None):
+        return "export"
+    if getattr(args, "discard", False):
+        return "discard"
+    return "apply" if getattr(args, "apply", False) or getattr(args, "yes", False) else "ask"
+
+
 def write_patch(changes: ChangeSet, path: Path, *, exclusive: bool = False) -> None:
     """Write the change set's git patch to ``path`` (``exclusive``: refuse to replace a file)."""
     with open(path, "x" if exclusive else "w", encoding="utf-8", newline="") as f:
@@ -49,14 +59,17 @@ def write_patch(changes: ChangeSet, path: Path, *, exclusive: bool = False) -> N
 def finish(
     changes: ChangeSet, target: Path | None, *, choice: Choice, say: TextIO, patch_file: Path | None = None,
     ask: Callable[[str], str | None] | None = None, no_target: str = "", retry_hint: str = "",
-    expected: Mapping[str, FileState | None] | None = None,
+    expected: Mapping[str, FileState | None] | None = None, discarded: str = "",
 ) -> Outcome:
     """Carry out ``choice`` for ``changes``; messages (and prompts) go to ``say``.
 
     ``target``: the original directory, or None when there is none (``no_target`` says
     why). ``ask``: reads one answer (None at end of input); None means not interactive.
-    ``retry_hint``: how to apply later (e.g. ``run again with --apply``).
+    ``retry_hint``: how to apply later (e.g. ``run again with --apply``). ``discarded``:
+    what discarding leaves behind, said with it (a chat's session keeps its changes on
+    the server).
     """
+    gone = f"; {discarded}" if discarded else ""
     def line(text: str) -> None:
         say.write(inert(text) + "\n")
         say.flush()
@@ -66,7 +79,7 @@ def finish(
             line(f"no changes to apply ({len(changes.skipped)} change(s) inside .git are never applied)")
         return Outcome(0)
     if choice == "discard":
-        line(f"discarded the session's changes ({changes.summary()})")
+        line(f"discarded the session's changes ({changes.summary()}){gone}")
         return Outcome(0)
     if choice == "export":
         assert patch_file is not None
@@ -100,7 +113,7 @@ def finish(
                 continue
             return _export(changes, path, target, line, exclusive=True)
         if pick == "d":
-            line("discarded the session's changes")
+            line(f"discarded the session's changes{gone}")
             return Outcome(0)
         line("answer a, e or d")
 

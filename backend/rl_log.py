@@ -29,7 +29,6 @@ between them leaves a session with some of its events and no reward
 from __future__ import annotations
 
 import json
-import os
 import re
 import uuid
 from pathlib import Path
@@ -43,8 +42,8 @@ from backend.db.log import SessionLog, now
 from backend.db.writer import EventStore
 from backend.db.models import RlIterationRow, RlRunRow
 from tools.blobs import BlobStore
-from tools.snapshots import EntryKind, Snapshot, SnapshotError
-from tools.workspace import WorkspaceStore
+from tools.snapshots import Snapshot, SnapshotError
+from tools.workspace import MissingBlob, WorkspaceStore
 
 if TYPE_CHECKING:
     from backend.settings import Settings
@@ -189,22 +188,15 @@ class RLSessionLog:
         except (SnapshotError, ValueError, KeyError, TypeError) as exc:
             raise RolloutLogError(f"rollout {session_id}: its base snapshot is not a valid manifest: {exc}") from None
         source = BlobStore(Path(blob_root)) if blob_root else None
-        for path, entry in snapshot.manifest.items():
-            if entry.kind is not EntryKind.FILE or entry.sha256 is None or self.store.blobs.has(entry.sha256):
-                continue
-            if source is None or not source.has(entry.sha256):
-                raise RolloutLogError(
-                    f"rollout {session_id}: the bytes of {path!r} (blob {entry.sha256}) are in neither the "
-                    f"server's store nor the worker's ({blob_root or 'not given'}); on a cluster, put the "
-                    "workers' store_root on storage this process can read")
-            fd = os.open(source.path(entry.sha256), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                self.store.blobs.put_fd(fd, entry.size, entry.sha256, path)
-            except SnapshotError as exc:
-                raise RolloutLogError(f"rollout {session_id}: copying {path!r} failed: {exc}") from None
-            finally:
-                os.close(fd)
-        self.store.save_snapshot(snapshot)
+        try:
+            self.store.import_snapshot(snapshot, source)
+        except MissingBlob as exc:
+            raise RolloutLogError(
+                f"rollout {session_id}: the bytes of {exc.path!r} (blob {exc.sha256}) are in neither the "
+                f"server's store nor the worker's ({blob_root or 'not given'}); on a cluster, put the "
+                "workers' store_root on storage this process can read") from None
+        except SnapshotError as exc:
+            raise RolloutLogError(f"rollout {session_id}: copying its starting workspace failed: {exc}") from None
         return snapshot
 
 

@@ -81,16 +81,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
+    from backend.cli_checks import guarded
+
+    def errors() -> tuple[type[BaseException], ...]:
         from backend.apply_back import ApplyError
         from backend.local_log import LogNotFound
 
-        try:
-            return int(fn(args) or 0)
-        except (SessionsError, LogNotFound, ApplyError) as exc:
-            print(inert(f"flywheel sessions {args.sessions_command}: {exc}"), file=sys.stderr)
-            return 1
-    return run
+        return SessionsError, LogNotFound, ApplyError
+
+    return guarded("sessions", fn, errors)
 
 
 def _open(args: argparse.Namespace) -> tuple[Settings, SessionLog]:
@@ -216,7 +215,13 @@ def session_changes(settings: Settings, log: SessionLog, info: SessionInfo) -> C
     from backend.apply_back import ChangeSet
     from tools.workspace import WorkspaceError, WorkspaceStore
 
-    root = settings.data_dir / "workspaces"
+    kept = info.source.get("workspace_store")  # a `flywheel run --data-dir` kept its copy there
+    root = Path(kept) if isinstance(kept, str) else settings.data_dir / "workspaces"
+    if not info.workspace_id:
+        what = ("`flywheel run` worked on a temporary copy (its changes were shown when it ended; "
+                "run with --data-dir DIR to keep one)") if info.source.get("driver") == "flywheel run" else \
+            "keeps no workspace"
+        raise SessionsError(f"session {info.id[:12]} has no workspace to diff: {what}")
     if not (root / "ws" / info.workspace_id).is_dir():
         raise SessionsError(f"the workspace of session {info.id[:12]} is gone (it was deleted, or the server "
                             f"keeps it under another --data-dir than {settings.data_dir})")

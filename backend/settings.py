@@ -38,10 +38,15 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEMO_WORKSPACE = Path(__file__).with_name("demo") / "workspace"
+WEB_DIST = Path(__file__).resolve().parents[1] / "web" / "dist"
+"""Where ``scripts/setup.sh`` (``npm ci && npm run build`` in ``web/``) puts the built web app."""
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8421
 DEFAULT_SERVER = f"http://{DEFAULT_HOST}:{DEFAULT_PORT}"
 
+
+MCP_SERVERS_TABLE = "mcp_servers"
+"""The config file's one table: ``[mcp_servers.NAME]``, external MCP servers for ``flywheel serve``."""
 
 ApprovalMode = Literal["ask-commands", "ask-edits", "auto"]
 APPROVAL_MODES: tuple[str, ...] = ("ask-commands", "ask-edits", "auto")
@@ -78,7 +83,7 @@ class _FlywheelEnv(BaseSettings):
 def read_config(path: Path, allowed: set[str]) -> dict[str, Any]:
     """The config file's settings (``{}`` if there is none); :class:`SettingsError` names the
     file for a file that is not TOML or a key that is not a setting. Not guaranteed: tables
-    (``[section]``) are not settings and are refused like unknown keys."""
+    (``[section]``) other than those in ``allowed`` are refused like unknown keys."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -127,7 +132,8 @@ class ClientSettings(_FlywheelEnv):
         env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        config = read_config(config_path(), set(cls.model_fields))
+        config = read_config(config_path(), set(cls.model_fields) | {MCP_SERVERS_TABLE})
+        config.pop(MCP_SERVERS_TABLE, None)  # `flywheel serve`'s external MCP servers (backend.mcp_config)
         return init_settings, env_settings, InitSettingsSource(settings_cls, init_kwargs=config)
 
 
@@ -160,6 +166,13 @@ class LocalSettings(_FlywheelEnv):
         return self.index_dir or self.data_dir / "index"
 
 
+class McpSettings(LocalSettings):
+    """``flywheel mcp``: the token its HTTP transport requires (``FLYWHEEL_MCP_TOKEN``; one is
+    made and printed when unset)."""
+
+    mcp_token: str | None = Field(None, min_length=16, description="bearer token for `flywheel mcp --transport http`")
+
+
 class Settings(LocalSettings):
     """The server's settings (``flywheel serve``), refusing unsafe exposed configurations."""
 
@@ -181,13 +194,21 @@ class Settings(LocalSettings):
         "chat", description="'completions' sends the runtime's own rendered prompt (use with `flywheel policy serve`)"
     )
     sandbox: bool = Field(True, description="run commands under bubblewrap; False refuses run_command")
+    workspace_overlay: Literal["auto", "off"] = Field(
+        "auto", description="auto: session workspaces are copy-on-write overlays where they work here (forks, "
+        "branches and checkpoints cost milliseconds; unmounted at shutdown, stale mounts cleaned at start); "
+        "off: plain copies (FLYWHEEL_WORKSPACE_OVERLAY=off)")
     semantic_search: bool = Field(
         True, description="give sessions the semantic_search tool; each workspace is indexed in the background "
         "(embeddings cached in data_dir/index, shared by all workspaces)")
+    mcp_config: Path | None = Field(
+        None, description="file listing external MCP servers whose tools every session gets (JSON "
+        "`{\"mcpServers\": ...}` or TOML `[mcp_servers.NAME]`); default: the `[mcp_servers]` tables of the config file")
     client_queue_events: int = Field(2048, ge=16, description="per-client buffer before a slow client is dropped")
     max_sessions_running: int = Field(256, ge=1)
     max_sockets_per_token: int = Field(32, ge=1, description="WebSockets one token may hold open at a time "
                                        "(more are refused with 429)")
+    web_dist: Path = Field(WEB_DIST, description="the built web app served at / (scripts/setup.sh builds web/ there)")
 
     @field_validator("allowed_roots", mode="after")
     @classmethod

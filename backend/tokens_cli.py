@@ -48,16 +48,15 @@ class _Refused(Exception):
 
 
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
+    from backend.cli_checks import guarded
+
+    def errors() -> tuple[type[BaseException], ...]:
         from backend.db.log import TokenError
         from backend.local_log import LogNotFound
 
-        try:
-            return int(fn(args) or 0)
-        except (LogNotFound, TokenError, _Refused) as exc:
-            print(inert(f"flywheel token {args.token_command}: {exc}"), file=sys.stderr)
-            return 1
-    return run
+        return LogNotFound, TokenError, _Refused
+
+    return guarded("token", fn, errors)
 
 
 def _create(args: argparse.Namespace) -> int:

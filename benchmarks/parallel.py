@@ -9,11 +9,13 @@
    the real executor and the real bubblewrap sandbox, vs the same three in
    three steps (target: ≥ 2.5× faster). Skipped (null) without bubblewrap.
 
-Usage: python benchmarks/parallel.py
+Usage: python benchmarks/parallel.py [--quick]   (--quick: fewer rounds, written to
+results/parallel_quick.json)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import tempfile
 import time
@@ -124,17 +126,19 @@ async def three_sleep_commands(rounds: int = 3) -> dict[str, float] | None:
     return {"parallel_s": median(par), "sequential_s": median(seq), "speedup": median(seq) / median(par)}
 
 
-async def amain() -> None:
-    result: dict[str, Any] = {"eight_100ms_calls": await parallel_vs_sequential()}
-    result["read_file_overhead"] = await read_file_overhead()
-    result["three_sleep_1_commands"] = await three_sleep_commands()
+async def amain(quick: bool = False) -> None:
+    result: dict[str, Any] = {"eight_100ms_calls": await parallel_vs_sequential(2 if quick else 5)}
+    result["read_file_overhead"] = await read_file_overhead(100 if quick else 500)
+    result["three_sleep_1_commands"] = await three_sleep_commands(1 if quick else 3)
     result["targets"] = {"speedup_min": 5.0, "commands_speedup_min": 2.5}
     commands = result["three_sleep_1_commands"]
     result["pass"] = result["eight_100ms_calls"]["speedup"] >= 5.0 and (
         commands is None or commands["speedup"] >= 2.5
     )
-    write_result("parallel", result)
+    write_result("parallel", result, quick=quick)
 
 
 if __name__ == "__main__":
-    asyncio.run(amain())
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run; writes parallel_quick.json)")
+    asyncio.run(amain(ap.parse_args().quick))

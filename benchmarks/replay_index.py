@@ -16,11 +16,13 @@ session loaded the embedder already, and peak RSS is a high-water mark, so
 its ``peak_rss_growth_mb`` is not comparable); trees larger than a few files
 (the index build grows with the tree).
 
-Usage: python benchmarks/replay_index.py
+Usage: python benchmarks/replay_index.py [--quick]   (the measurement is small already:
+--quick runs the same, written to results/replay_index_quick.json)
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import tempfile
@@ -37,7 +39,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main() -> None:
+def main(quick: bool = False) -> None:
     from fastapi.testclient import TestClient
 
     from agent.parser import encode_call as call
@@ -94,8 +96,10 @@ def main() -> None:
         "pass": (not no_search["embedder_loaded"] and with_search["embedder_loaded"]
                  and no_search["counts"]["same"] == 1 and with_search["counts"]["same"] == 1),
     }
-    write_result("replay_index", result)
+    write_result("replay_index", result, quick=quick)
 
 
 if __name__ == "__main__":
-    main()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a smoke run, written to replay_index_quick.json")
+    main(ap.parse_args().quick)

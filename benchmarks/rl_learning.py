@@ -74,7 +74,9 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         done = json.loads((root / "sft_done.json").read_text())
         return {"tasks_file": tasks_file, "sft": sft, "sft_curve": done["curve"], "sft_s": done["seconds"],
                 "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]}
-    if args.pretrain_steps:
+    if args.pretrain_steps and (root / "init" / "model.safetensors").exists():
+        print(f"reusing the pretrained checkpoint in {root / 'init'}", flush=True)
+    elif args.pretrain_steps:
         # pretraining on code (+ synthetic tool-call transcripts) before SFT: next-token prediction on
         # code is where a small model learns to copy identifiers from its context (induction), which
         # every task needs and which SFT alone did not teach the mini model (docs/rl/README.md)
@@ -93,10 +95,25 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         torch.manual_seed(sft_seed)
         model = MoETransformer(ModelConfig.preset(args.preset, vocab_size=tok.vocab_size, max_seq_len=2048))
         save_checkpoint(root / "init", model, tok, step=0, profile=COMPACT_PROFILE)
+    init = root / "init"
+    if args.copy_drill_steps:
+        # copy drills between pretraining and SFT (agent.model.copy_drills; benchmarks/copy_probe.py):
+        # the pretrained mini model learns to copy a path from its context only from these
+        from agent.model.checkpoint import load_checkpoint, load_profile
+        from agent.model.copy_drills import train_on_drills
+
+        torch.manual_seed(sft_seed)
+        model, tok = load_checkpoint(init)
+        with (root / "copy_drills.log").open("w") as log:
+            drills = train_on_drills(model, tok, steps=args.copy_drill_steps, seed=sft_seed,
+                                     progress=lambda c: print(json.dumps(c), file=log, flush=True))
+        init = root / "init_drilled"
+        save_checkpoint(init, model, tok, step=args.copy_drill_steps, profile=load_profile(root / "init"))
+        (root / "copy_drills.json").write_text(json.dumps(drills))
     (root / "sft.json").write_text(json.dumps({"sft": {
         "lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": args.sft_steps, "eval_every": 50,
         "patience": 4, "demos_per_task": 1}}))
-    rc = _cmd_sft(argparse.Namespace(tasks=tasks_file, init=root / "init", out=sft, config=root / "sft.json",
+    rc = _cmd_sft(argparse.Namespace(tasks=tasks_file, init=init, out=sft, config=root / "sft.json",
                                      seed=sft_seed))
     if rc != 0:
         raise SystemExit(f"SFT failed (exit {rc})")
@@ -209,6 +226,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, help="held-out samples per task (pass@k)")
     ap.add_argument("--sft-per-seed", action="store_true", help="a fresh SFT per seed (default: one, shared)")
     ap.add_argument("--pretrain-steps", type=int, help="pretrain on code this many steps before SFT (0: random init)")
+    ap.add_argument("--copy-drill-steps", type=int, default=0,
+                    help="train on copy drills this many steps between pretraining and SFT (agent.model.copy_drills)")
     ap.add_argument("--pretrain-mb", type=int, default=16, help="code corpus size for pretraining (MiB)")
     ap.add_argument("--data-seed", type=int, default=0, help="the task set's seed (fixed across RL seeds)")
     ap.add_argument("--work-dir", type=Path, help="keep the task set, checkpoints and runs here (default: a temp dir)")
@@ -269,7 +288,8 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
     summary = {when: {key: _spread(seeds, when, key) for key in CURVE_KEYS} for when in ("sft", "rl")}
     sft_info = {k: {"tasks": v["tasks"], "seconds": v["sft_s"], "curve": v["sft_curve"]} for k, v in starts.items()}
     result = {"config": {k: getattr(args, k) for k in sizing} | {"sft_per_seed": args.sft_per_seed,
-                                                                 "data_seed": args.data_seed},
+                                                                 "data_seed": args.data_seed,
+                                                                 "copy_drill_steps": args.copy_drill_steps},
               "seeds_done": [s["seed"] for s in seeds], "seeds_planned": args.seeds,
               "summary": summary, "bars": bars(summary), "sft": sft_info, "seeds": seeds}
     (DOCS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -10,44 +10,40 @@ workspace). ``disk_check_5000_files`` times that disk check alone
 directories, the cost each command adds per workspace of that size.
 
 Prints one JSON object on the last line and writes it to
-``benchmarks/results/sandbox.json``. Usage: ``.venv/bin/python benchmarks/sandbox.py [runs]``.
+``benchmarks/results/sandbox.json`` (``--quick``: 5 runs each, written to
+``sandbox_quick.json``). Usage: ``.venv/bin/python benchmarks/sandbox.py [--quick] [RUNS]``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import json
 import logging
 import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from _common import percentile, write_result
 
-from tools.cgroups import CgroupV1  # noqa: E402
-from tools.disk_usage import tree_usage  # noqa: E402
-from tools.sandbox import BubblewrapSandbox, probe_bwrap  # noqa: E402
+from tools.cgroups import CgroupV1
+from tools.disk_usage import tree_usage
+from tools.sandbox import BubblewrapSandbox, probe_bwrap
 
 
-def _pct(samples: list[float], q: float) -> float:
-    """Nearest-rank percentile, in milliseconds."""
-    ordered = sorted(samples)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
-    return round(ordered[rank] * 1000, 3)
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
     return {
-        "p50_ms": _pct(samples, 50),
-        "p99_ms": _pct(samples, 99),
-        "mean_ms": round(statistics.fmean(samples) * 1000, 3),
-        "min_ms": round(min(samples) * 1000, 3),
+        "p50_ms": _ms(percentile(samples, 50)),
+        "p99_ms": _ms(percentile(samples, 99)),
+        "mean_ms": _ms(statistics.fmean(samples)),
+        "min_ms": _ms(min(samples)),
     }
 
 
@@ -100,7 +96,7 @@ async def main(runs: int) -> dict[str, object]:
             walks.append(time.perf_counter() - t0)
     stats = {name: _summary(s) for name, s in samples.items()}
     return {
-        "benchmark": "sandbox_overhead_true",
+        "measures": "sandbox_overhead_true",
         "runs_each": runs,
         "bare": stats["bare"],
         "sandbox": stats["sandbox"],
@@ -118,9 +114,12 @@ async def main(runs: int) -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="?", type=int, help="runs of each variant (default 50; --quick: 5)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 5 runs each, written to sandbox_quick.json")
+    args = ap.parse_args()
+    if args.runs is not None and args.runs < 1:
+        ap.error("RUNS must be at least 1")
     logging.basicConfig(level=logging.ERROR)
-    report = asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else 50))
-    out = REPO / "benchmarks" / "results" / "sandbox.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report))
+    report = asyncio.run(main(args.runs or (5 if args.quick else 50)))
+    write_result("sandbox", report, quick=args.quick)

@@ -89,4 +89,66 @@ if [ $want_test = 1 ] && ! command -v strace >/dev/null 2>&1; then
   fi
 fi
 # --- end strace ---
+# --- web app (web/): Node.js >= 18 and npm, `npm ci`, `npm run build` into web/dist -------------------
+# Skipped when nothing under web/ changed since the last build (a stamp in web/dist). Without Node the
+# server still runs (its / page then says how to build the app); with root and apt, Node is installed.
+web_digest() {
+  (cd web && find src public index.html vite.config.ts tsconfig.json package.json package-lock.json -type f -print0 \
+    | sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16
+}
+node_ok() { command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
+  && node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 18 ? 0 : 1)'; }
+if ! node_ok && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ]; then
+    say "installing nodejs and npm with apt-get (to build the web app)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null || true
+  elif command -v sudo >/dev/null 2>&1; then
+    say "installing nodejs and npm with sudo apt-get (to build the web app)"
+    sudo apt-get update -qq >/dev/null && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null || true
+  fi
+fi
+if ! node_ok; then
+  say "WARNING: the web app is not built: it needs Node.js >= 18 and npm (Debian/Ubuntu: apt-get install nodejs npm);"
+  say "         install them and run scripts/setup.sh again. The API and the terminal client work without it."
+elif [ ! -f web/dist/index.html ] || [ "$(cat web/dist/.flywheel-build 2>/dev/null)" != "$(web_digest)" ]; then
+  lock=$(sha256sum web/package-lock.json | cut -c1-16)
+  if [ ! -d web/node_modules ] || [ "$(cat web/node_modules/.flywheel-npm-ci 2>/dev/null)" != "$lock" ]; then
+    say "installing the web app's packages (npm ci)"
+    (cd web && npm ci --no-audit --no-fund --loglevel=error >/dev/null) || { say "ERROR: npm ci failed in web/"; exit 1; }
+    echo "$lock" > web/node_modules/.flywheel-npm-ci
+  fi
+  say "building the web app (web/dist)"
+  (cd web && npm run build --silent >/dev/null) || { say "ERROR: the web app failed to build (cd web && npm run build)"; exit 1; }
+  web_digest > web/dist/.flywheel-build
+fi
+# --- end web app ----------------------------------------------------------------------------------------
+
+# --- browser tests (--test): Debian's Chromium for tests/web (Playwright drives it; no browser download) ---
+if [ $want_test = 1 ] && [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing chromium with apt-get (for the browser tests, tests/web)"
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+      || say "WARNING: chromium did not install; tests/web will skip"
+  else
+    say "NOTE: tests/web need Chromium at /usr/bin/chromium (apt-get install chromium); they skip without it"
+  fi
+fi
+# --- end browser tests ----------------------------------------------------------------------------------
+
+# 5. (--test) MCP test client: the MCP Inspector's CLI, pinned in tests/clients/mcp/package-lock.json.
+if [ $want_test = 1 ]; then
+  mcp_dir=tests/clients/mcp
+  mcp_stamp="$mcp_dir/node_modules/.flywheel-installed"
+  mcp_digest=$(sha256sum "$mcp_dir/package-lock.json" | cut -c1-16)
+  if [ ! -f "$mcp_stamp" ] || [ "$(cat "$mcp_stamp")" != "$mcp_digest" ]; then
+    if command -v npm >/dev/null 2>&1; then
+      say "installing the MCP Inspector (npm ci in $mcp_dir)"
+      (cd "$mcp_dir" && npm ci --no-audit --no-fund --loglevel=error >/dev/null) \
+        && echo "$mcp_digest" > "$mcp_stamp" \
+        || say "WARNING: npm ci failed in $mcp_dir; the MCP Inspector tests will be skipped"
+    else
+      say "WARNING: npm is missing (apt-get install nodejs npm, Node >= 20); the MCP Inspector tests will be skipped"
+    fi
+  fi
+fi
 say "ready"

@@ -26,22 +26,31 @@ class ParamType(enum.StrEnum):
     """How a parameter's raw text body is interpreted.
 
     ``string`` values have surrounding whitespace stripped (paths, patterns);
-    ``text`` values are byte-exact (file contents, search/replace blocks).
+    ``text`` values are byte-exact (file contents, search/replace blocks);
+    ``number`` is a JSON number (``3``, ``-2.5e3``); ``json`` is any JSON value
+    (objects and arrays of external tools' schemas, see :mod:`tools.mcp_schema`).
     """
 
     STRING = "string"
     TEXT = "text"
     INTEGER = "integer"
     BOOLEAN = "boolean"
+    NUMBER = "number"
+    JSON = "json"
 
 
 @dataclass(frozen=True, slots=True)
 class ParamSpec:
+    """One parameter. ``schema``, when set, is a JSON Schema (as canonical JSON text, so
+    specs stay hashable) the typed value must also satisfy; ``agent.calls`` checks it
+    (external tools' constraints: enums, ranges, object shapes)."""
+
     name: str
     type: ParamType
     description: str
     required: bool = True
     default: Any = None
+    schema: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

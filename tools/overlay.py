@@ -34,8 +34,12 @@ Not guaranteed:
   ``redirect_max`` (256 bytes by default) fails with ``EXDEV``, which ``mv``
   and ``shutil.move`` handle by copying.
 * The reaper runs when every process holding the pipe has exited (children
-  forked without ``exec`` hold it too); if the reaper itself is killed, a
-  SIGKILLed process leaves its mounts (``WorkspaceStore.open`` reuses them).
+  forked without ``exec`` hold it too), so a directory removed right after
+  the kill may still hold mounts: :func:`detach_under` unmounts them at once
+  (``tools.workspace.remove_store`` and the server's start call it); if the
+  reaper itself is killed, a SIGKILLed process leaves its mounts
+  (``WorkspaceStore.open`` reuses them). A reaper that runs late may detach a
+  mount made since at the same place if the kernel gave it the same mount id.
 * Writing a large lower file copies all of it into the upper first.
 """
 
@@ -57,7 +61,7 @@ from pathlib import Path
 from tools.treewalk import O_PATH, remove_path
 
 __all__ = [
-    "MOUNT_OPTIONS", "OPAQUE_XATTR", "OverlayError", "is_mountpoint", "is_opaque", "is_whiteout",
+    "MOUNT_OPTIONS", "OPAQUE_XATTR", "OverlayError", "detach_under", "is_mountpoint", "is_opaque", "is_whiteout",
     "mount_overlay", "mounted_here", "mounts_under", "overlay_unavailable", "unmount", "upper_dir",
 ]
 
@@ -155,6 +159,27 @@ def unmount(target: Path) -> None:
         mount = _ours.pop(os.fspath(target), None)
     if mount is not None and mount.pid == os.getpid():
         _tell_reaper(f"-{mount.mnt_id}\n".encode())
+
+
+def detach_under(root: Path) -> list[str]:
+    """Unmount now every overlay at or beneath ``root``, whoever mounted it; return the mountpoints.
+
+    Synchronous: when it returns, nothing is mounted there any more, so the
+    directories can be removed. A busy mount (a process still has a file or
+    its cwd in it) is detached lazily (``MNT_DETACH``): gone from the tree at
+    once, freed by the kernel when its last user lets go. Deepest first. It
+    also unmounts a *live* process's mounts: call it only for a directory
+    this process owns (a store it is done with, or, at start, a data
+    directory it holds the lock of) — e.g. the mounts a killed server or Ray
+    worker left, before their reaper got to them.
+    """
+    base = os.fspath(root).rstrip("/")
+    found = [m for m, fstype, _ in _mountinfo() if fstype == "overlay" and (m == base or m.startswith(base + "/"))]
+    done: list[str] = []
+    for path in sorted(set(found), key=len, reverse=True):
+        unmount(Path(path))
+        done.append(path)
+    return done
 
 
 def is_mountpoint(path: Path) -> bool:

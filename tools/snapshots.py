@@ -53,7 +53,7 @@ import posixpath
 import re
 import secrets
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -62,7 +62,7 @@ from tools.blobs import BlobStore, SnapshotError
 from tools.diffs import MODE_EXEC, MODE_FILE, MODE_LINK
 from tools.gitignore import IgnoreRules
 from tools.delayed_progress import DelayedProgress
-from tools.paths import O_PATH, display_path, open_beneath
+from tools.paths import O_PATH, display_path, makedirs_beneath, open_beneath
 from tools.treewalk import (
     OnLimit,
     TreeItem,
@@ -354,6 +354,52 @@ def restore_tree(root: str | os.PathLike[str], snapshot: Snapshot, blobs: BlobSt
             except SnapshotError as exc:
                 raise SnapshotError(f"restoring snapshot {snapshot.id} failed part-way: {exc}; the tree is "
                                     "partly restored: restore again once the blob store is repaired") from None
+
+
+def restore_paths(root: str | os.PathLike[str], snapshot: Snapshot, blobs: BlobStore, paths: Collection[str]) -> None:
+    """Make each of ``paths`` (normalised, relative, in file-system form) what it is in ``snapshot`` --
+    rewritten from its blob, re-linked, made a directory, or removed when the snapshot has no such
+    path -- and touch nothing else (missing parent directories are created, mode 0755).
+
+    Every blob to be written is verified first: on a bad one nothing is changed. Raises
+    :class:`~tools.paths.PathError` if a parent is not a directory (or is a symlink) any more.
+    Not guaranteed: atomicity across several paths (each is replaced atomically on its own).
+    """
+    want = snapshot.manifest
+    for path in paths:
+        entry = want.get(path)
+        if entry is not None and entry.kind is EntryKind.FILE and entry.sha256 is not None:
+            try:
+                blobs.verify(entry.sha256, entry.size, path)
+            except SnapshotError as exc:
+                raise SnapshotError(f"cannot restore {display_path(path)!r}: {exc}; nothing was changed") from None
+    for path in sorted(paths):
+        parent, name = posixpath.split(path)
+        fd = makedirs_beneath(root, parent or ".", no_symlinks=True)
+        try:
+            _restore_one(fd, name, want.get(path), blobs, path)
+        finally:
+            os.close(fd)
+
+
+def _restore_one(fd: int, name: str, entry: ManifestEntry | None, blobs: BlobStore, path: str) -> None:
+    try:
+        st: os.stat_result | None = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    is_dir = st is not None and stat.S_ISDIR(st.st_mode)
+    if entry is None or (st is not None and is_dir != (entry.kind is EntryKind.DIR)):
+        remove_tree(fd, name)  # not in the snapshot, or the wrong kind: out of the way first
+        st = None
+    if entry is None:
+        return
+    if entry.kind is EntryKind.DIR:
+        if st is None:
+            os.mkdir(name, 0o755, dir_fd=fd)
+    elif entry.kind is EntryKind.SYMLINK:
+        _replace_link(fd, name, entry.target or "")
+    elif entry.sha256 is not None:
+        _write_blob(fd, name, blobs, entry, 0o755 if entry.executable else 0o644, path)
 
 
 def _entry_of(item: TreeItem) -> ManifestEntry | None:

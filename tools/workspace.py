@@ -61,10 +61,11 @@ from tools.diffs import ChangeEntry, ChangeKind, unified_diff
 from tools.gitignore import IgnoreRules, tree_loader
 from tools.gitsafe import GitArchiveError, archive_into, host_git, tracked_paths
 from tools.layers import LayerError, LayerStore
-from tools.overlay import OverlayError, is_mountpoint, overlay_unavailable
+from tools.overlay import OverlayError, detach_under, is_mountpoint, overlay_unavailable
 from tools.delayed_progress import DelayedProgress
 from tools.snapshots import (
     MAX_SNAPSHOT_FILE_BYTES,
+    EntryKind,
     Snapshot,
     SnapshotError,
     build_manifest,
@@ -75,11 +76,29 @@ from tools.workspace_layout import MAX_LAYERS, Layering, Layout, TreeMaker, Work
 from tools.workspace_tree import DirEntryInfo, Workspace
 
 __all__ = [
-    "MAX_LAYERS", "ChangeEntry", "ChangeKind", "DirEntryInfo", "Layering", "Layout", "Snapshot", "Workspace",
-    "WorkspaceError", "WorkspaceStore", "unified_diff",
+    "MAX_LAYERS", "ChangeEntry", "ChangeKind", "DirEntryInfo", "Layering", "Layout", "MissingBlob", "Snapshot",
+    "Workspace", "WorkspaceError", "WorkspaceStore", "remove_store", "unified_diff",
 ]
 _ID_RE = re.compile(r"[0-9a-f]{16}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def remove_store(root: str | os.PathLike[str]) -> None:
+    """Remove a store's directory (e.g. a temporary one) and everything in it, unmounting first what is
+    still mounted beneath it, even by a process that was just killed (:func:`tools.overlay.detach_under`).
+    A missing directory is not an error."""
+    path = Path(root)
+    if path.exists():
+        detach_under(path.resolve())
+        remove_path(path)
+
+
+class MissingBlob(SnapshotError):
+    """A snapshot's file whose bytes are in neither store (:meth:`WorkspaceStore.import_snapshot`)."""
+
+    def __init__(self, path: str, sha256: str):
+        super().__init__(f"the bytes of {path!r} (blob {sha256}) are in neither store")
+        self.path, self.sha256 = path, sha256
 
 
 class WorkspaceStore:
@@ -88,11 +107,13 @@ class WorkspaceStore:
     ``max_file_bytes`` is the largest file a snapshot (so a workspace) may
     hold. ``overlay``: False (the default) never mounts (plain copies); None
     uses overlays where they work here; True requires them
-    (:class:`WorkspaceError` if they do not work). Overlays are opt-in for now:
-    a process killed while it holds mounts leaves them to an asynchronous
-    reaper, and a caller that removes the store's directory right away (a
-    temporary directory, a test) then fails with EBUSY. ``progress``: show a
-    bar on stderr for copies that take time.
+    (:class:`WorkspaceError` if they do not work). A store that mounts must be
+    let go of synchronously: :meth:`unmount_all` when its process is done
+    with it, :func:`remove_store` to delete its directory (a plain ``rmtree``
+    right after a process holding mounts was killed fails with EBUSY, since
+    that process's reaper detaches them asynchronously). ``flywheel serve``
+    mounts (it unmounts at shutdown and cleans stale mounts at start); other
+    callers opt in. ``progress``: show a bar on stderr for copies that take time.
     """
 
     def __init__(self, root: Path, *, max_file_bytes: int = MAX_SNAPSHOT_FILE_BYTES,
@@ -200,6 +221,21 @@ class WorkspaceStore:
             raise
         note = "not in place: " + reason if in_place else reason
         return self._finish(ws_id, Layout(Layering(str(method)), note=note), None, kept=kept)
+
+    def attach(self, directory: str | os.PathLike[str]) -> Workspace:
+        """The directory itself as a workspace: no copy, no snapshot taken. Tools read and
+        write it in place, with the same path rules as in any workspace (nothing outside it;
+        ``flywheel mcp`` serves a project this way). ``delete`` leaves the directory as it
+        is (the store does not own it); ``fork`` copies it into the store; ``base`` is
+        unset, so ``diff()`` needs an explicit snapshot. Not guaranteed: isolation from
+        other writers (the user's editor) — it is their directory."""
+        if not os.path.isdir(directory):
+            raise WorkspaceError(f"not a directory: {directory}")
+        source = Path(os.path.realpath(directory))
+        if self.root.is_relative_to(source):
+            raise WorkspaceError(f"cannot attach {directory}: the workspace store {self.root} lies inside it")
+        layout = Layout(Layering.ATTACHED, origin=os.fspath(source), note="attached in place")
+        return Workspace(f"attached-{secrets.token_hex(8)}", source, self, None, layout)
 
     def from_git(self, repo: str | os.PathLike[str], commit: str) -> Workspace:
         """A new workspace holding ``git archive`` of ``commit`` (no ``.git``, no submodules).
@@ -340,6 +376,14 @@ class WorkspaceStore:
             return
         self.trees.remove(ws.id, ws.layout)
 
+    def unmount_all(self) -> list[str]:
+        """Unmount every workspace tree of this store now (synchronously; a busy one lazily), whoever
+        mounted it; the workspaces stay (:meth:`open` mounts one again). For a process done with the
+        store (a server's shutdown, a rollout runner's close) and, at start, for the mounts a killed
+        process left (only where this process owns the store: a server under its data directory's
+        lock). Returns the mountpoints."""
+        return detach_under(self.root / "ws")
+
     # -- snapshots
     def save_snapshot(self, snapshot: Snapshot) -> None:
         dest = self.root / "snapshots" / f"{snapshot.id}.json"
@@ -347,6 +391,22 @@ class WorkspaceStore:
             tmp = dest.with_name(f".tmp-{secrets.token_hex(8)}")
             tmp.write_bytes(snapshot.to_json())
             os.replace(tmp, dest)
+
+    def import_snapshot(self, snapshot: Snapshot, source: BlobStore | None) -> None:
+        """Make ``snapshot`` restorable from this store: copy the bytes of each file this
+        store lacks from ``source`` (another store's blobs; streamed and hash-checked),
+        then save the manifest. A file in neither raises :class:`MissingBlob`."""
+        for path, entry in snapshot.manifest.items():
+            if entry.kind is not EntryKind.FILE or entry.sha256 is None or self.blobs.has(entry.sha256):
+                continue
+            if source is None or not source.has(entry.sha256):
+                raise MissingBlob(path, entry.sha256)
+            fd = os.open(source.path(entry.sha256), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self.blobs.put_fd(fd, entry.size, entry.sha256, path)
+            finally:
+                os.close(fd)
+        self.save_snapshot(snapshot)
 
     def load_snapshot(self, snapshot_id: str) -> Snapshot:
         if not _HEX64_RE.fullmatch(snapshot_id):

@@ -46,6 +46,7 @@ class Layering(enum.StrEnum):
     OVERLAY = "overlay"  # copy-on-write: an overlay mount over read-only layers
     REFLINK = "reflink"  # a plain directory copied with reflinks (data shared until written)
     COPY = "copy"  # a plain directory, fully copied
+    ATTACHED = "attached"  # a host directory itself, no copy (WorkspaceStore.attach): tools write into it
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,8 @@ class Layout:
         """One line for a user: how the workspace was made (and why, for a fallback)."""
         if self.layering is Layering.OVERLAY:
             what = f"copy-on-write over {self.source}" if self.source else "copy-on-write over a copy"
+        elif self.layering is Layering.ATTACHED:
+            what = f"the directory {self.origin} itself (no copy: edits land there)"
         else:
             what = f"{self.layering} of the tree (no overlay)"
         return f"{what}; {self.note}" if self.note else what

@@ -45,6 +45,7 @@ from tools.diffs import (
 from tools.gitignore import IgnoreRules, manifest_loader, tree_loader
 from tools.gitsafe import GitNeutralised, neutralise_git
 from tools.paths import (
+    PathError,
     PathNotFoundError,
     PathTypeError,
     display_path,
@@ -56,7 +57,7 @@ from tools.paths import (
     stat_beneath,
     write_bytes_beneath,
 )
-from tools.snapshots import EntryKind, ManifestEntry, Snapshot, build_manifest, restore_tree
+from tools.snapshots import EntryKind, ManifestEntry, Snapshot, build_manifest, restore_paths, restore_tree
 from tools.treewalk import TreeItem, TreeLimitError, short_path
 from tools.workspace_layout import Layering, Layout, WorkspaceError
 
@@ -197,15 +198,43 @@ class Workspace:
         parts += [f"# not shown: {display_path(short_path(p))!r} {why}\n" for p, why in found.too_deep.items()]
         return "".join(parts)
 
-    def _file_diff(self, path: str, old: ManifestEntry | None, new: ManifestEntry | None) -> str:
-        old_mode = old.git_mode if old else MODE_FILE
-        new_mode = new.git_mode if new else MODE_FILE
+    def revert(self, path: str) -> FileEdit:
+        """Put one changed file or symlink back as it was in the starting snapshot: rewritten,
+        re-linked, or removed if it was added (``path`` as :meth:`changed_paths` shows it).
+
+        Returns a :class:`FileEdit` whose ``diff`` is what the revert changed (the session's diff
+        of that path, reversed); ``created``: the revert re-created a file the session deleted,
+        ``deleted``: it removed one the session added. Raises :class:`WorkspaceError` if ``path``
+        is not a changed path. Directories the session created for an added file stay (empty).
+        """
+        for raw, _kind, old, new in self._changes(None).changes:
+            if display_path(raw) != path:
+                continue
+            if old is not None and new is not None and old.kind is not new.kind:
+                diff = self._file_diff(raw, None, new, reverse=True) + self._file_diff(raw, old, None, reverse=True)
+            else:
+                diff = self._file_diff(raw, old, new, reverse=True)
+            try:
+                restore_paths(self.root, self.base, self.store.blobs, [raw])
+            except PathError as exc:
+                raise WorkspaceError(f"cannot revert {path!r}: {exc}") from None
+            return FileEdit(path=path, diff=diff, created=new is None, deleted=old is None)
+        raise WorkspaceError(f"{path!r} is not changed in this workspace (nothing to revert)")
+
+    def _file_diff(self, path: str, old: ManifestEntry | None, new: ManifestEntry | None, *,
+                   reverse: bool = False) -> str:
+        """The diff of ``path`` from ``old`` (in the base snapshot) to ``new`` (in the tree now);
+        ``reverse``: from the tree now back to the base (what a revert changes)."""
+        sides = [(old, self._old_bytes), (new, self._new_bytes)]
+        (a, read_a), (b, read_b) = reversed(sides) if reverse else sides
+        a_mode = a.git_mode if a else MODE_FILE
+        b_mode = b.git_mode if b else MODE_FILE
         if any(e is not None and e.kind is EntryKind.FILE and (e.size > MAX_DIFF_FILE_BYTES or not e.hashed)
-               for e in (old, new)):
-            return large_file_diff(path, old.size if old else None, new.size if new else None,
-                                   old_mode=old_mode, new_mode=new_mode)
-        return unified_diff(path, self._old_bytes(path, old) if old else None,
-                            self._new_bytes(path, new) if new else None, old_mode=old_mode, new_mode=new_mode)
+               for e in (a, b)):
+            return large_file_diff(path, a.size if a else None, b.size if b else None,
+                                   old_mode=a_mode, new_mode=b_mode)
+        return unified_diff(path, read_a(path, a) if a else None, read_b(path, b) if b else None,
+                            old_mode=a_mode, new_mode=b_mode)
 
     def _changes(self, base: Snapshot | None) -> _Changes:
         old_base = base or self.base

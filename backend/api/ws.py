@@ -2,9 +2,11 @@
 
 Authentication happens before the socket is accepted: a bearer token in the
 ``Authorization`` header, or (for browsers, which cannot set headers) the
-subprotocol ``flywheel.token.<TOKEN>``. A browser's ``Origin`` must match the
-allowed origins; clients that send no Origin (editor plugins, the terminal
-client) are not browsers and are judged by their token alone.
+subprotocol ``flywheel.token.<TOKEN>``. A browser's ``Origin`` must be the
+server's own (same scheme, host and port as the handshake's ``Host``: the app
+this server serves) or match the allowed origins; clients that send no Origin
+(editor plugins, the terminal client) are not browsers and are judged by their
+token alone. A token in the query string is refused (400): URLs end up in logs.
 
 Refused handshakes get an HTTP response: 400 ``after`` out of range, 401
 no/invalid token, 403 other user's session or bad origin, 404 no such
@@ -55,6 +57,8 @@ from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
 from backend.api.deps import AppState, can_access
+from backend.errors import code_for_status, error_body
+from backend.api.security import credential_params, token_in_url_detail
 from backend.hub import HubError, SlowClient
 
 router = APIRouter()
@@ -88,8 +92,28 @@ _USAGE = ('expected {"type": "user_message", "text": "..."}, {"type": "interrupt
           '{"type": "approval", "call_id": "...", "approved": true|false, "reason"?: "..."}')
 
 
-def origin_allowed(origin: str, allowed: list[str]) -> bool:
+def same_origin(origin: str, ws: WebSocket) -> bool:
+    """Whether ``origin`` is the server's own (the page was served by this server): same host
+    and port as the handshake's ``Host``, and ``http``/``https`` for ``ws``/``wss``."""
     o = urlsplit(origin)
+    scheme = {"ws": "http", "wss": "https"}.get(ws.url.scheme, ws.url.scheme)
+    default = {"http": 80, "https": 443}
+    try:
+        o_port = o.port or default.get(o.scheme)
+    except ValueError:
+        return False
+    return (o.scheme == scheme and o.hostname is not None and o.hostname == ws.url.hostname
+            and o_port == (ws.url.port or default.get(scheme)))
+
+
+def origin_allowed(origin: str, allowed: list[str]) -> bool:
+    """Whether ``origin`` matches one of ``allowed`` (scheme and host; any port when the allowed
+    origin names none)."""
+    try:
+        o = urlsplit(origin)
+        o.port  # noqa: B018 -- a malformed port raises here
+    except ValueError:
+        return False
     for a in allowed:
         p = urlsplit(a)
         if o.scheme == p.scheme and o.hostname == p.hostname and (p.port is None or p.port == o.port):
@@ -101,7 +125,8 @@ async def _deny(ws: WebSocket, status: int, reason: str) -> None:
     """Refuse the handshake: an HTTP status where the server supports denial
     responses (uvicorn does), else a close with code 4000 + status."""
     try:
-        await ws.send_denial_response(JSONResponse({"detail": reason}, status_code=status))
+        body = error_body(reason, code_for_status(status))
+        await ws.send_denial_response(JSONResponse(body, status_code=status))
     except RuntimeError:
         await ws.close(code=4000 + status, reason=reason)
 
@@ -142,8 +167,11 @@ async def session_socket(ws: WebSocket, session_id: str, after: int = 0) -> None
     state: AppState = ws.app.state.flywheel
     hub = state.hub
     origin = ws.headers.get("origin")
-    if origin is not None and not origin_allowed(origin, state.settings.allowed_origins):
+    if origin is not None and not (same_origin(origin, ws) or origin_allowed(origin, state.settings.allowed_origins)):
         return await _deny(ws, 403, "origin not allowed")
+    refused = credential_params(ws.scope.get("query_string", b""))
+    if refused:
+        return await _deny(ws, 400, token_in_url_detail(refused))
     token, proto = _token(ws)
     user = await asyncio.to_thread(state.log.verify_token, token) if token else None
     if user is None:

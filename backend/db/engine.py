@@ -7,6 +7,7 @@ an OS crash may lose the last few), foreign keys on, a busy timeout.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,19 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_size", 10)
     return create_engine(url, **kwargs)
+
+
+def server_reachable(url: str, timeout: float = 1.0) -> bool:
+    """Whether a database server at ``url`` accepts TCP connections (always True for SQLite).
+    Tests and benchmarks use it to skip PostgreSQL where none runs; it logs in to nothing."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return True
+    try:
+        with socket.create_connection((parsed.host or "127.0.0.1", parsed.port or 5432), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def alembic_config() -> Config:

@@ -40,7 +40,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from agent.events import ErrorEvent, Event, event_from_json, event_to_json
 from agent.text_safety import json_safe_value
-from backend.db.models import EventRow, SessionRow, SnapshotRow, TokenRow
+from backend.db.models import EventRow, SessionRow, SnapshotRow, TokenRow, policy_label
 from tools.snapshots import Snapshot
 
 ROLES = ("user", "staff")
@@ -105,6 +105,11 @@ class SessionInfo:
     rl_sample: int | None = None
     rl_reward: float | None = None
     rl_status: str | None = None
+    policy_name: str = ""  # models.policy_label(policy): what the session browser filters by
+    feedback_up: int = 0  # turns rated up / down, files kept / reverted (backend/db/feedback.py)
+    feedback_down: int = 0
+    files_kept: int = 0
+    files_reverted: int = 0
 
     @classmethod
     def of(cls, row: Any) -> SessionInfo:
@@ -184,6 +189,7 @@ class SessionLog:
 
     def create_session(self, **fields: Any) -> SessionInfo:
         t = now()
+        fields.setdefault("policy_name", policy_label(fields.get("policy") or {}))
         row = SessionRow(status="idle", created_at=t, updated_at=t, last_seq=0, turns=0, output_tokens=0, **fields)
         with DbSession(self.engine) as db, db.begin():
             db.add(row)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -54,6 +56,12 @@ class SessionRow(Base):
     rl_sample: Mapped[int | None] = mapped_column(Integer, nullable=True)
     rl_reward: Mapped[float | None] = mapped_column(Float, nullable=True)
     rl_status: Mapped[str | None] = mapped_column(String(16), nullable=True)  # rl.types.RolloutStatus
+    # migration 0003: the session browser's filters (policy_label of ``policy``) and feedback counts
+    policy_name: Mapped[str] = mapped_column(String(300), default="", server_default="")
+    feedback_up: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    feedback_down: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    files_kept: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    files_reverted: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class EventRow(Base):
@@ -65,6 +73,30 @@ class EventRow(Base):
     turn: Mapped[int] = mapped_column(Integer)
     ts: Mapped[float] = mapped_column(Float)
     body: Mapped[str] = mapped_column(Text)  # the event as JSON (agent.events)
+
+
+class FeedbackRow(Base):
+    """A person's feedback on a session (migration 0003): a rating of a turn (``target`` "turn",
+    ``rating`` up/down) or a verdict on a file the session changed (``target`` "file", ``verdict``
+    keep/revert), with an optional comment. One row per (session, what, author): giving feedback
+    again replaces it; every one is also an event (``feedback``) in the session's stream."""
+
+    __tablename__ = "feedback"
+    __table_args__ = (UniqueConstraint("session_id", "key", "author", name="uq_feedback_what_who"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String(32), ForeignKey("sessions.id"))
+    key: Mapped[str] = mapped_column(String(80))  # "turn:N" or "file:<sha256 of the path>"
+    target: Mapped[str] = mapped_column(String(8))  # "turn" | "file"
+    turn: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    rating: Mapped[str | None] = mapped_column(String(8), nullable=True)  # "up" | "down"
+    verdict: Mapped[str | None] = mapped_column(String(8), nullable=True)  # "keep" | "revert"
+    comment: Mapped[str] = mapped_column(Text, default="")
+    author: Mapped[str] = mapped_column(String(200))
+    seq: Mapped[int] = mapped_column(Integer)  # the feedback event that recorded it last
+    created_at: Mapped[datetime] = mapped_column()
+    updated_at: Mapped[datetime] = mapped_column()
 
 
 class SnapshotRow(Base):
@@ -103,3 +135,16 @@ class RlIterationRow(Base):
 Index("ix_events_session_type", EventRow.session_id, EventRow.type)
 Index("ix_sessions_kind_created", SessionRow.kind, SessionRow.created_at)
 Index("ix_sessions_rl_rollout", SessionRow.rl_run, SessionRow.rl_iteration, SessionRow.rl_task, SessionRow.rl_sample)
+Index("ix_sessions_created_id", SessionRow.created_at, SessionRow.id)
+Index("ix_sessions_owner_created", SessionRow.owner, SessionRow.created_at, SessionRow.id)
+Index("ix_sessions_policy_name", SessionRow.policy_name)
+Index("ix_sessions_parent", SessionRow.parent_id)
+Index("ix_feedback_created", FeedbackRow.created_at)
+
+
+def policy_label(policy: dict[str, Any]) -> str:
+    """The name the session browser filters by: the policy's kind, and its model if it names one
+    (``openai:qwen2.5-coder``, ``scripted``, ``rl``); at most 300 characters."""
+    kind = str(policy.get("kind") or "unknown")
+    model = policy.get("model")
+    return (f"{kind}:{model}" if isinstance(model, str) and model else kind)[:300]

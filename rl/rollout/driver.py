@@ -162,8 +162,13 @@ class RaySource:
         return rollouts
 
     def close(self) -> None:
+        """Let the workers delete their workspaces and unmount (synchronously), then kill the actors."""
         import ray
 
+        try:
+            ray.get([w.close.remote() for w in self.workers], timeout=120)
+        except Exception:  # noqa: BLE001 - a worker that died or hangs is killed below anyway
+            pass
         for actor in (*self.workers, self.inference):
             ray.kill(actor)
 
@@ -441,12 +446,17 @@ def run_eval(args: Any, *, log: RolloutLog | Callable[[], RolloutLog] | None = N
     from tqdm import tqdm
 
     bar = tqdm(total=len(tasks) * args.k, desc=f"rl eval {args.split}", unit="rollout", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix="flywheel-eval-") as tmp:
+    from tools.workspace import remove_store
+
+    tmp = tempfile.mkdtemp(prefix="flywheel-eval-")
+    try:
         res = evaluate(tasks, k=args.k, checkpoint=args.checkpoint if openai is None else None, openai=openai,
                        log=log, limits=_limits(limits_cfg), temperature=args.temperature,
                        sandbox_extra_ro=extra_ro,
                        max_tokens=args.max_tokens, store_root=Path(tmp), seed=args.seed,
                        address=getattr(args, "address", None), progress=bar.update)
+    finally:
+        remove_store(tmp)  # unmounts first what killed workers may have left mounted
     bar.close()
     print(f"{res.split}: {res.tasks} tasks, k={res.k}: pass@1 {res.pass_at_1:.3f}, pass@{res.k} "
           f"{res.pass_at_k:.3f} ({res.infra_errors} infrastructure errors excluded)", file=sys.stderr)

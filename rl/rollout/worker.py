@@ -133,6 +133,17 @@ class RolloutRunner:
     async def run(self, jobs: list[RolloutJob]) -> list[Rollout]:
         return list(await asyncio.gather(*(self.run_one(j) for j in jobs)))
 
+    def close(self) -> None:
+        """Delete the cached task bases and unmount whatever this store still has mounted, now
+        (not at exit: a worker that is then killed leaves nothing for its reaper)."""
+        bases, self._bases = list(self._bases.values()), {}
+        for base in bases:
+            try:
+                base.delete()
+            except Exception:  # noqa: BLE001 - the unmount below still runs; the store is the run's own
+                pass
+        self.store.unmount_all()
+
     async def run_one(self, job: RolloutJob) -> Rollout:
         from agent.events import ErrorEvent, ListSink, ToolCallStarted, ToolResultEvent
         from agent.policies.tito import TokenInTokenOutPolicy
@@ -239,6 +250,10 @@ class RolloutWorker:
 
     async def run(self, jobs: list[RolloutJob]) -> list[Rollout]:
         return await self.runner.run(jobs)
+
+    def close(self) -> None:
+        """:meth:`RolloutRunner.close` (the driver calls it before it kills the actor)."""
+        self.runner.close()
 
     def peak_rss_mb(self) -> float:
         """This worker process's peak resident memory (Linux ``ru_maxrss``)."""

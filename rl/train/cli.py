@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import random
-import shutil
 import sys
 from pathlib import Path
 from collections.abc import Callable
@@ -84,7 +83,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from rl.train.sft import train_sft
     from rl.types import Split
     from tools.sandbox import SandboxUnavailable, make_sandbox
-    from tools.workspace import WorkspaceStore
+    from tools.workspace import WorkspaceStore, remove_store
 
     try:
         sft_cfg = load_run_config(args.config).sft if args.config else SFTConfig()
@@ -112,7 +111,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
                 for part in (tasks[n_held:], tasks[:n_held])]
     finally:
         bar.close()
-        shutil.rmtree(store_dir, ignore_errors=True)
+        remove_store(store_dir)
     train_demos, held_demos = sets
     skipped = train_demos.skipped + held_demos.skipped
     if not train_demos.examples or not held_demos.examples:

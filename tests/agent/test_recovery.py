@@ -132,3 +132,21 @@ async def test_crash_between_steps_adds_no_message(workspace) -> None:
     closing = closing_events(log)
     assert not any(isinstance(e, AssistantMessage) for e in closing)
     assert isinstance(closing[-1], TurnEnd) and closing[-1].steps == 1
+
+
+async def test_feedback_after_a_turn_does_not_reopen_it_and_one_during_a_turn_is_kept(workspace) -> None:
+    """``feedback`` events are added by the server between or during turns (agent.events.FeedbackEvent)."""
+    from agent.events import FeedbackEvent
+
+    log = await crashed_log(workspace)
+    closing = closing_events(log)
+    done = [*log, *closing]
+    after = FeedbackEvent(seq=done[-1].seq + 1, session_id=done[-1].session_id, turn=done[-1].turn,
+                          target="turn", of_turn=1, rating="down", by="alice")
+    assert closing_events([*done, after]) == []  # the turn had ended; the rating does not reopen it
+    during = FeedbackEvent(seq=log[-1].seq + 1, session_id=log[-1].session_id, turn=log[-1].turn,
+                           target="turn", of_turn=1, rating="up", by="alice")
+    reclosed = closing_events([*log, during])
+    assert [e.type for e in reclosed] == [e.type for e in closing]
+    assert reclosed[0].seq == during.seq + 1  # the closing events come after it
+    assert history_from_events([*log, during, *reclosed]).conversation == history_from_events(done).conversation

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,21 @@ def test_tools_follow_the_parts_and_the_profile_follows_the_policy(src: Path, tm
     assert custom.profile.name == "custom"
     override = PromptProfile(name="explicit")
     assert build_session(SessionParts(ws), policy=Profiled([]), profile=override).profile is override
+
+
+def test_extra_tools_join_after_the_built_in_ones_and_names_must_differ(src: Path, tmp_path: Path) -> None:
+    from tools.read_file import ReadFile
+    from tools.write_file import WriteFile
+
+    ws = WorkspaceStore(tmp_path / "store").from_dir(src)
+
+    class Outside(WriteFile):
+        spec = replace(WriteFile.spec, name="mcp__x__write")
+
+    names = [t.spec.name for t in session_tools(SessionParts(ws, extra_tools=(Outside(),)))]
+    assert names[-1] == "mcp__x__write" and names[:-1] == [t.spec.name for t in session_tools(SessionParts(ws))]
+    with pytest.raises(ValueError, match="two tools are named read_file"):
+        session_tools(SessionParts(ws, extra_tools=(ReadFile(),)))
 
 
 # -- the same prompt from every driver ------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from backend.app import create_app
-from backend.db.engine import make_engine, migrate
+from backend.db.engine import make_engine, migrate, server_reachable
 from backend.db.log import SessionLog
 from backend.settings import Settings
 
@@ -23,21 +22,13 @@ PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 
 def postgres_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
-            return True
-    except OSError:
-        return False
+    return server_reachable(PG_URL)
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fw.db'}"
-        return
-    if not postgres_reachable():
-        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (start it to run these tests on it)")
-    schema = f"fwtest_{uuid.uuid4().hex[:12]}"
+@contextmanager
+def postgres_schema(prefix: str = "fwtest") -> Iterator[str]:
+    """A database URL on a fresh PostgreSQL schema (dropped afterwards) at :data:`PG_URL`."""
+    schema = f"{prefix}_{uuid.uuid4().hex[:12]}"
     admin = make_engine(PG_URL)
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
@@ -47,6 +38,17 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'fw.db'}"
+        return
+    if not postgres_reachable():
+        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (start it to run these tests on it)")
+    with postgres_schema() as url:
+        yield url
 
 
 @dataclass

@@ -8,7 +8,6 @@ continues the script instead of restarting it.
 
 from __future__ import annotations
 
-import inspect
 import time
 
 import pytest
@@ -17,7 +16,6 @@ from agent.events import ListSink
 from agent.parser import encode_call as call
 from agent.policies.scripted import ScriptedPolicy
 from agent.runtime import SessionParts, build_session
-from backend.hub import Hub
 from backend.replay import BranchPlan, Continuation, RecordedTurn, branch_consumed, plan_branch, run_recording
 from tests.backend.conftest import Api
 
@@ -27,10 +25,6 @@ OUTPUTS = [
     call("edit_file", {"path": "app.py", "search": "a - b", "replace": "a + b"}),
     "Fixed.",
 ]
-HUB_PLANS = "policy" in inspect.signature(Hub._turn).parameters
-# Until backend/hub.py runs branches by plan_branch these are not run (they would wait for
-# turns that never come); once it does (Hub._turn takes a per-turn policy) they run as normal tests.
-needs_hub = pytest.mark.xfail(not HUB_PLANS, run=False, reason="backend/hub.py does not run branches by plan_branch yet")
 
 
 def test_plan_at_boundaries_and_inside_turns() -> None:
@@ -101,7 +95,6 @@ def summary(events: list[dict]) -> list[tuple[int, str, str]]:
     return [(e["turn"], e["type"], e.get("text", e.get("reason", ""))) for e in events if e["type"] in keep]
 
 
-@needs_hub
 def test_a_branch_from_step_0_reasks_the_first_request(api: Api) -> None:
     sid = recorded(api, OUTPUTS)
     b = branch(api, sid, 0, ["I would rather not."])
@@ -111,7 +104,6 @@ def test_a_branch_from_step_0_reasks_the_first_request(api: Api) -> None:
     assert r.status_code == 202  # a usable session
 
 
-@needs_hub
 def test_a_branch_inside_a_turn_continues_that_turn(api: Api) -> None:
     sid = recorded(api, OUTPUTS)
     b = branch(api, sid, 1, ["Not changing it."])
@@ -121,7 +113,6 @@ def test_a_branch_inside_a_turn_continues_that_turn(api: Api) -> None:
     assert api.client.get(f"/v1/sessions/{b}/diff", headers=api.h("alice")).json()["diff"] == ""
 
 
-@needs_hub
 def test_a_branch_with_the_sessions_own_script_continues_it(api: Api) -> None:
     sid = recorded(api, OUTPUTS)
     b = branch(api, sid, 1, OUTPUTS)  # e.g. the demo policy: the same script
@@ -135,3 +126,17 @@ def test_without_auto_continue_a_branch_stops_at_its_step(api: Api) -> None:
     b = branch(api, sid, 1, ["x"], auto_continue=False)
     assert summary(events_of(api, b, 1)) == [
         (1, "user_message", "fix"), (1, "assistant_message", OUTPUTS[0]), (1, "turn_end", "max_steps")]
+
+
+@pytest.mark.parametrize("own_script", [False, True])
+def test_a_reloaded_branch_goes_on_where_its_script_is(api: Api, own_script: bool) -> None:
+    # After its turn nobody watches the branch, so the hub drops it from memory and the next
+    # message rebuilds it from the log: its script must resume after what it produced, not
+    # after every output in its log (the re-executed step is not the script's own).
+    sid = recorded(api, OUTPUTS)
+    script = [*OUTPUTS, "More."] if own_script else ["Not changing it.", "More."]
+    b = branch(api, sid, 1, script)
+    events_of(api, b, 1)
+    r = api.client.post(f"/v1/sessions/{b}/messages", json={"text": "go on"}, headers=api.h("alice"))
+    assert r.status_code == 202
+    assert summary(events_of(api, b, 2))[-2:] == [(2, "assistant_message", "More."), (2, "turn_end", "completed")]

@@ -136,6 +136,58 @@ def test_request_error_is_shown_and_the_client_goes_on(server: ServerProcess, wo
     assert r.stderr.count("server: this session was cancelled") == 2 and "Traceback" not in r.stderr
 
 
+APPROVE_SCRIPT = [encode_call("edit_file", {"path": "a.txt", "search": "old", "replace": "new"}), "done"]
+
+
+def test_an_asking_chat_needs_a_terminal_or_yes(server: ServerProcess, workspace: Path) -> None:
+    r = chat(server, "--workspace", str(workspace), "--policy", scripted(APPROVE_SCRIPT), "--approval-mode",
+             "ask-edits", lines="fix it\n")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "session " not in r.stdout  # nothing was created
+    assert "stdin is not a terminal, so nobody can answer" in r.stderr and "--yes" in r.stderr
+    r = chat(server, "--json", "--workspace", str(workspace), "--policy", scripted(APPROVE_SCRIPT),
+             "--approval-mode", "ask-edits", "--yes", "--discard", lines="fix it\n")
+    assert r.returncode == 0, r.stderr
+    evs = events(r.stdout)
+    assert [e["call_id"] for e in evs if e["type"] == "approval_requested"] == ["t1s1c0"]
+    resolved = next(e for e in evs if e["type"] == "approval_resolved")
+    assert resolved["approved"] is True and resolved["reason"] == "--yes" and resolved["by"] == "user"
+    assert any(e["type"] == "file_edit" for e in evs)
+    sid = r.stderr.split("session ")[1].split()[0]  # attaching to an asking session needs a terminal too
+    r = chat(server, "--session", sid, lines="again\n")
+    assert r.returncode == 1 and "approval mode ask-edits asks before edits and commands" in r.stderr
+
+
+def test_on_a_terminal_chat_asks_and_sends_the_answer(server: ServerProcess, workspace: Path) -> None:
+    from tests.terminal import on_terminal
+
+    cmd = chat_cmd(server, "--workspace", str(workspace), "--policy", scripted([*APPROVE_SCRIPT, "as you wish"]),
+                   "--approval-mode", "ask-commands", "--discard")
+    with on_terminal(cmd, env=ENV) as term:  # ask-commands: the edit runs unasked
+        term.until("you › ")
+        term.send("fix it")
+        term.until("turn ended: completed")
+        assert "allow?" not in term.text
+    script = [encode_call("run_command", {"command": "echo hi > made.txt\nrm a.txt"}), "ok", "second"]
+    cmd = chat_cmd(server, "--workspace", str(workspace), "--policy", scripted(script), "--approval-mode",
+                   "ask-edits", "--discard")
+    with on_terminal(cmd, env=ENV) as term:
+        term.until("you › ")
+        term.send("clean up")
+        asked = term.until("allow? y = yes")
+        assert "the agent wants to run this command (run_command t1s1c0):" in asked
+        assert "  $ echo hi > made.txt" in asked and "  > rm a.txt" in asked
+        term.send("maybe")
+        term.until("please answer y or n")
+        term.send("n keep a.txt")
+        term.until("declined: keep a.txt")
+        term.until("turn ended: completed")
+        term.until("you › ")
+        term.send("/diff")
+        term.until("no changes yet")  # the command never ran
+        term.send("/quit")
+        assert term.wait(timeout=20) == 0
+
+
 def test_bad_token_exits_1_with_a_clear_message(server: ServerProcess, workspace: Path) -> None:
     r = chat(server, "--workspace", str(workspace), "--policy", scripted(["x"]), token="fw_not-a-token")
     assert r.returncode == 1
@@ -319,6 +371,18 @@ def test_end_of_chat_without_a_flag_off_a_terminal_only_says_how(apply_server: S
     later = chat(apply_server, "--session", sid, "--apply")  # as it says: attach and apply, no message
     assert later.returncode == 0, later.stderr
     assert (project / "a.txt").read_text() == "new\n"
+
+
+def test_discard_says_the_server_keeps_the_changes_and_it_does(apply_server: ServerProcess, project: Path) -> None:
+    r = chat(apply_server, "--workspace", str(project), "--policy", scripted([EDIT, "done"]), "--discard",
+             lines="go\n")
+    assert r.returncode == 0, r.stderr
+    sid = r.stdout.split()[1]
+    assert ("discarded the session's changes (1 file(s): 1 modified); nothing was written to your directory, but session "
+            f"{sid} keeps them in its workspace on the server") in r.stdout
+    assert (project / "a.txt").read_text() == "old\n"
+    later = chat(apply_server, "--session", sid, "--apply")
+    assert later.returncode == 0 and (project / "a.txt").read_text() == "new\n", later.stdout + later.stderr
 
 
 def test_end_of_chat_refuses_when_the_directory_changed(apply_server: ServerProcess, project: Path) -> None:

@@ -13,7 +13,9 @@ import pytest
 
 from agent.events import event_from_json
 from agent.parser import encode_call
+from tests.terminal import on_terminal
 
+RUN = [sys.executable, "-m", "backend.cli", "run"]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
 
 
@@ -21,7 +23,7 @@ def flywheel(*args: str, env: dict[str, str] | None = None, timeout: float = 120
     full_env = {**os.environ, "NO_COLOR": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "backend.cli", *args], capture_output=True, text=True, timeout=timeout, env=full_env,
-        cwd=Path(__file__).resolve().parents[2],
+        stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[2],
     )
 
 
@@ -115,6 +117,11 @@ def test_model_server_down_is_reported(tmp_path: Path) -> None:
 NO_BWRAP = {"FLYWHEEL_UNSAFE_NO_SANDBOX": "1"} if shutil.which("bwrap") is None else {}
 
 
+def _env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a ``flywheel run`` on a terminal: no colour, an empty config directory."""
+    return {**os.environ, "NO_COLOR": "1", **NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
+
+
 def _edit_project(tmp_path: Path, *extra: str) -> tuple[Path, Path]:
     src = tmp_path / "proj"
     src.mkdir()
@@ -196,10 +203,14 @@ def test_config_file_gives_the_default_policy_and_flags_override_it(tmp_path: Pa
     (cfg / "config.toml").write_text(f'policy = "scripted:{script}"\napproval_mode = "ask-edits"\n')
     env = {**NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")}
     r = flywheel("run", "--workspace", str(src), "--discard", "change it", env=env)
+    assert r.returncode == 1 and "approval mode ask-edits asks before edits and commands" in r.stderr  # no terminal
+    r = flywheel("run", "--workspace", str(src), "--yes", "--discard", "change it", env=env)
     assert r.returncode == 0 and "discarded" in r.stdout and "+new" in r.stdout, r.stderr
+    assert "needs your approval" in r.stdout and "approved" in r.stdout
     other = tmp_path / "other.json"
     other.write_text(json.dumps(["nothing to do"]))
-    r = flywheel("run", "--workspace", str(src), "--policy", f"scripted:{other}", "--json", "hi", env=env)
+    r = flywheel("run", "--workspace", str(src), "--policy", f"scripted:{other}", "--approval-mode", "auto", "--json",
+                 "hi", env=env)
     assert r.returncode == 0 and "nothing to do" in r.stdout and "edit_file" not in r.stdout
     (cfg / "config.toml").write_text('approval_mode = "sometimes"\n')
     r = flywheel("run", "--workspace", str(src), "--discard", "hi", env=env)
@@ -210,40 +221,14 @@ def test_config_file_gives_the_default_policy_and_flags_override_it(tmp_path: Pa
 
 
 def test_on_a_terminal_it_asks_and_applies(tmp_path: Path) -> None:
-    import pty
-    import select
-    import time
-
     src, script = _edit_project(tmp_path)
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "backend.cli", "run", "--workspace", str(src), "--policy", f"scripted:{script}", "go"],
-        stdin=slave, stdout=slave, stderr=slave, close_fds=True, cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "NO_COLOR": "1", **NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")})
-    os.close(slave)
-    seen = b""
-
-    def until(token: bytes, timeout: float = 60) -> None:
-        nonlocal seen
-        deadline = time.monotonic() + timeout
-        while token not in seen:
-            assert time.monotonic() < deadline, seen.decode(errors="replace")[-2000:]
-            if select.select([master], [], [], 0.2)[0]:
-                try:
-                    seen += os.read(master, 65536)
-                except OSError:  # the child closed the terminal
-                    break
-        assert token in seen, seen.decode(errors="replace")[-2000:]
-
-    try:
-        until(b"[d]iscard (default): ")
+    with on_terminal(RUN + ["--workspace", str(src), "--policy", f"scripted:{script}", "go"],
+                     env=_env(tmp_path)) as term:
+        term.until("[d]iscard (default): ")
         assert (src / "a.txt").read_text() == "old\n"  # nothing before the answer
-        os.write(master, b"a\n")
-        until(b"1 deleted")
-        assert proc.wait(timeout=30) == 0
-    finally:
-        proc.kill()
-        os.close(master)
+        term.send("a")
+        term.until("1 deleted")
+        assert term.wait(timeout=30) == 0
     assert (src / "a.txt").read_text() == "new\n" and not (src / "gone.txt").exists()
 
 
@@ -256,3 +241,73 @@ def test_more_bad_input_is_one_line(args: list[str], message: str, tmp_path: Pat
     r = flywheel(*args, "--data-dir", str(tmp_path / "d"))
     assert r.returncode == 1 and message in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def _asking_script(tmp_path: Path) -> tuple[Path, Path]:
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "a.txt").write_text("old\n")
+    script = tmp_path / "ask.json"
+    script.write_text(json.dumps([
+        encode_call("run_command", {"command": "echo one > made.txt\necho two >> made.txt"}),
+        encode_call("edit_file", {"path": "a.txt", "search": "old", "replace": "new"}),
+        "done",
+    ]))
+    return src, script
+
+
+def test_run_asks_on_the_terminal_before_commands_and_edits(tmp_path: Path) -> None:
+    src, script = _asking_script(tmp_path)
+    keep = tmp_path / "kept"
+    with on_terminal(RUN + ["--workspace", str(src), "--policy", f"scripted:{script}", "--approval-mode", "ask-edits",
+                            "--json", "--discard", "--data-dir", str(keep), "go"], env=_env(tmp_path)) as term:
+        asked = term.until("allow? y = yes")
+        assert "the agent wants to run this command (run_command t1s1c0):" in asked
+        assert "  $ echo one > made.txt" in asked and "  > echo two >> made.txt" in asked  # the whole command
+        term.send("n not now")
+        asked = term.until("allow? y = yes")
+        assert "the agent wants to edit a.txt (edit_file t1s2c0):" in asked and "  -old" in asked and "  +new" in asked
+        term.send("y")
+        term.until('"type":"turn_end"')
+        assert term.wait() == 0
+    events = [event_from_json(line) for line in term.text.splitlines() if line.startswith("{")]
+    resolved = [(e.call_id, e.approved, e.reason, e.by) for e in events if e.type == "approval_resolved"]
+    assert resolved == [("t1s1c0", False, "not now", "user"), ("t1s2c0", True, "", "user")]
+    declined = next(e for e in events if e.type == "tool_result" and e.call_id == "t1s1c0")
+    assert not declined.ok and declined.data.get("declined") is True
+    assert any(e.type == "file_edit" and e.path == "a.txt" for e in events)
+    kept = [p for p in keep.rglob("a.txt") if p.read_text() == "new\n"]
+    assert kept and not any(keep.rglob("made.txt"))  # the refused command never ran
+
+
+def test_run_without_a_terminal_refuses_to_ask_and_yes_approves(tmp_path: Path) -> None:
+    src, script = _asking_script(tmp_path)
+    args = ["run", "--workspace", str(src), "--policy", f"scripted:{script}", "--approval-mode", "ask-commands"]
+    r = flywheel(*args, "--discard", "go", env=_env(tmp_path))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == ("flywheel run: approval mode ask-commands asks before commands, but stdin is not a "
+                                "terminal, so nobody can answer: run flywheel run on a terminal, pass --yes to approve "
+                                "every call, or use --approval-mode auto")
+    r = flywheel(*args, "--yes", "--json", "--discard", "go", env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    events = [event_from_json(line) for line in r.stdout.splitlines()]
+    asked = [e.call_id for e in events if e.type == "approval_requested"]
+    assert asked == ["t1s1c0"]  # ask-commands: the edit is not asked about
+    resolved = next(e for e in events if e.type == "approval_resolved")
+    assert resolved.approved and resolved.reason == "--yes"
+    assert next(e for e in events if e.type == "tool_result" and e.call_id == "t1s1c0").ok
+    r = flywheel(*args[:-2], "--yes", "--apply", "go", env=_env(tmp_path))  # auto: nothing asked; --yes applies
+    assert r.returncode == 0 and (src / "a.txt").read_text() == "new\n" and (src / "made.txt").exists(), r.stdout
+
+
+def test_an_interrupt_withdraws_the_question(tmp_path: Path) -> None:
+    import signal
+
+    src, script = _asking_script(tmp_path)
+    with on_terminal(RUN + ["--workspace", str(src), "--policy", f"scripted:{script}", "--approval-mode",
+                            "ask-commands", "--discard", "go"], env=_env(tmp_path)) as term:
+        term.until("allow? y = yes")
+        term.proc.send_signal(signal.SIGINT)
+        term.until("turn ended: interrupted")
+        assert term.wait(timeout=20) == 1  # the turn did not complete; nothing waits for the answer
+    assert "cancelled" in term.text and not (src / "made.txt").exists()

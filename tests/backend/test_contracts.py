@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from backend import errors
 from backend.api.routes.schemas import Session
 from backend.app import status_of
 from backend.db.log import SessionInfo
+from tools.workspace import remove_store
 from tests.backend.conftest import Api
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,7 +136,7 @@ def test_out_of_range_query_values_are_422_not_500(api: Api) -> None:
 
 def test_a_message_to_a_session_whose_workspace_is_gone_is_410(api: Api) -> None:
     s = api.create("alice")
-    shutil.rmtree(api.settings.data_dir / "workspaces" / "ws" / s["workspace_id"])
+    remove_store(api.settings.data_dir / "workspaces" / "ws" / s["workspace_id"])  # unmounts first (overlays)
     r = api.client.post(f"/v1/sessions/{s['id']}/messages", json={"text": "hi"}, headers=api.h("alice"))
     assert_error(r, 410, "gone")
     assert_error(api.client.get(f"/v1/sessions/{s['id']}/diff", headers=api.h("alice")), 410, "gone")

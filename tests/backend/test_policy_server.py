@@ -143,7 +143,9 @@ def test_completions_stream_carries_the_same_tokens(server: str, local) -> None:
     choices = [e["choices"][0] for e in events[:-1]]
     assert [t for c in choices for t in c["token_ids"]] == whole["token_ids"]
     assert "".join(c["text"] for c in choices) == whole["text"]
-    assert [lp for c in choices for lp in c["logprobs"]["token_logprobs"]] == whole["logprobs"]["token_logprobs"]
+    # the second request reuses the first's cached prompt: the same tokens, logprobs equal up to float noise
+    assert [lp for c in choices for lp in c["logprobs"]["token_logprobs"]] == \
+        pytest.approx(whole["logprobs"]["token_logprobs"], abs=1e-4)
 
 
 def test_models_lists_the_served_model(server: str) -> None:
@@ -340,3 +342,43 @@ def test_a_client_refuses_a_server_whose_profile_text_differs(local) -> None:
             OpenAICompatPolicy(OpenAIConfig(base_url=url, model="m", api="completions"))
         chat = OpenAICompatPolicy(OpenAIConfig(base_url=url, model="m"))  # chat mode asks nothing
     assert chat.prompt_profile == DEFAULT_PROFILE
+
+
+def test_openapi_documents_every_body(app_client: TestClient) -> None:
+    from tests.backend.test_contracts import is_real_shape, resolve
+
+    spec = app_client.get("/openapi.json").json()
+    operations = [(m, p, op) for p, ops in spec["paths"].items() for m, op in ops.items()]
+    assert {(m, p) for m, p, _ in operations} == {
+        ("get", "/v1/models"), ("get", "/v1/models/{name}"), ("post", "/v1/chat/completions"),
+        ("post", "/v1/completions")}
+    for method, path, op in operations:
+        ok = op["responses"]["200"]["content"]
+        assert is_real_shape(spec, ok["application/json"]["schema"]), (method, path)
+        assert resolve(spec, op["responses"]["401"]["content"]["application/json"]["schema"])["properties"].keys() \
+            == {"error"}
+    chunk = resolve(spec, spec["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]
+                    ["text/event-stream"]["schema"])
+    assert chunk["properties"]["object"]["const"] == "chat.completion.chunk"
+    choice = resolve(spec, resolve(spec, spec["paths"]["/v1/completions"]["post"]["responses"]["200"]["content"]
+                                   ["application/json"]["schema"])["properties"]["choices"]["items"])
+    assert {"token_ids", "prompt_token_ids", "logprobs"} <= choice["properties"].keys()  # the extensions too
+    error = spec["paths"]["/v1/completions"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
+    assert resolve(spec, error) == resolve(spec, {"$ref": "#/components/schemas/ErrorResponse"})
+
+
+def test_answers_match_their_documented_models(app_client: TestClient) -> None:
+    from backend.policy_server_schemas import ChatCompletion, Completion, ModelCard, ModelList
+
+    assert ModelList.model_validate(app_client.get("/v1/models").json()).data[0].id == "m"
+    assert ModelCard.model_validate(app_client.get("/v1/models/default").json()).max_model_len == 64
+    chat = app_client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                         "max_tokens": 3, "logprobs": True, "seed": 1})
+    assert chat.status_code == 200, chat.text
+    parsed = ChatCompletion.model_validate(chat.json())
+    assert parsed.choices[0].logprobs is not None and parsed.usage.total_tokens > 0
+    done = app_client.post("/v1/completions", json={"prompt": [5, 6, 7], "max_tokens": 3, "n": 2, "seed": 1})
+    assert done.status_code == 200, done.text
+    body = Completion.model_validate(done.json())
+    assert [c.prompt_token_ids for c in body.choices] == [[5, 6, 7], [5, 6, 7]]
+    assert all(len(c.token_ids) == len(c.logprobs.token_logprobs) for c in body.choices)

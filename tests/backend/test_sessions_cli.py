@@ -16,6 +16,7 @@ from backend.cli import main
 from backend.db.engine import make_engine
 from backend.db.log import SessionLog
 from backend.sessions_cli import SessionsError, parse_since
+from tools.workspace import remove_store
 from tests.backend.conftest import Api, make_api
 from tests.backend.test_sessions_api import wait_turn_end
 
@@ -129,7 +130,7 @@ def test_ambiguous_prefix_is_refused(api: Api, capsys: pytest.CaptureFixture[str
 def test_diff_of_a_session_whose_workspace_is_gone(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     sid = edited_session(api)
     info = api.client.get(f"/v1/sessions/{sid}", headers=api.h("alice")).json()
-    shutil.rmtree(api.settings.data_dir / "workspaces" / "ws" / info["workspace_id"])
+    remove_store(api.settings.data_dir / "workspaces" / "ws" / info["workspace_id"])  # unmounts first (overlays)
     status, _, err = run(capsys, "sessions", "diff", sid, *log_args(api))
     assert status == 1 and "is gone" in err
 

@@ -17,10 +17,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 SCRIPTS = sorted(p for p in BENCH.glob("*.py") if not p.name.startswith("_"))
-# Scripts that still parse sys.argv by hand: `--help` would run them. Each needs
-# `simple_cli(__doc__)` from _common (or argparse) in its __main__ block; this
-# list must shrink to nothing (strict xfail: a fixed script fails the test until removed).
-NO_ARGPARSE = {"parallel.py", "replay_index.py", "sandbox.py"}
 
 
 def common() -> ModuleType:
@@ -32,16 +28,14 @@ def common() -> ModuleType:
 
 
 @pytest.mark.parametrize("script", [p.name for p in SCRIPTS])
-def test_each_benchmark_parses_its_command_line(script: str, request: pytest.FixtureRequest) -> None:
-    if script in NO_ARGPARSE:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"benchmarks/{script} has no argument parser yet"))
+def test_each_benchmark_parses_its_command_line(script: str) -> None:
     source = (BENCH / script).read_text()
     assert "ArgumentParser(" in source or "simple_cli(" in source
 
 
 @pytest.mark.timeout(600)
 def test_help_prints_usage_and_writes_nothing(tmp_path: Path) -> None:
-    scripts = [p for p in SCRIPTS if p.name not in NO_ARGPARSE]
+    scripts = SCRIPTS
     committed = {p.name: p.stat().st_mtime_ns for p in (BENCH / "results").rglob("*.json")}
     env = {**os.environ, "FLYWHEEL_BENCH_RESULTS": str(tmp_path / "results"), "OMP_NUM_THREADS": "1"}
 

@@ -306,3 +306,56 @@ def test_a_slow_open_shows_progress_and_a_fast_one_prints_nothing(cow_store: Wor
     ws = cow_store.from_dir(src_tree, in_place=True)
     assert f"snapshotting {src_tree}" in capfd.readouterr().err
     ws.delete()
+
+
+def test_unmount_all_unmounts_now_and_keeps_the_workspaces(cow_store: WorkspaceStore, src_tree: Path) -> None:
+    ws = cow_store.from_dir(src_tree, in_place=True)
+    ws.write_bytes("x.txt", b"x")
+    fork = ws.fork()
+    assert sorted(cow_store.unmount_all()) == sorted([str(ws.root), str(fork.root)])
+    assert mounts_under(cow_store.root) == []
+    again = cow_store.open(fork.id)  # mounted again on use, its changes intact
+    assert again.read_bytes("x.txt") == b"x"
+    again.delete()
+    cow_store.open(ws.id).delete()
+
+
+def test_the_store_of_a_killed_process_is_removed_at_once(cow_store: WorkspaceStore, src_tree: Path) -> None:
+    """A killed process's mounts outlive it while a child it forked still holds its reaper's pipe
+    (here: a child whose cwd is inside a workspace, so the mount is busy too); ``remove_store``
+    unmounts them synchronously instead of failing with EBUSY."""
+    from tools.workspace import remove_store
+
+    store_root = cow_store.root.parent / "killed"
+    code = textwrap.dedent(f"""
+        import os, time
+        from pathlib import Path
+        from tools.workspace import WorkspaceStore
+        store = WorkspaceStore(Path({str(store_root)!r}), overlay=True)
+        ws = store.from_dir(Path({str(src_tree)!r}), in_place=True)
+        ws.write_bytes("x.txt", b"x")
+        fork = ws.fork()
+        child = os.fork()
+        if child == 0:  # holds the reaper's pipe (forked, not exec'd) and keeps the fork's mount busy
+            os.chdir(fork.root)
+            time.sleep(120)
+            os._exit(0)
+        print(child, flush=True)
+        time.sleep(120)
+    """)
+    child = 0
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}) as proc:
+        try:
+            assert proc.stdout is not None
+            child = int(proc.stdout.readline())
+            proc.kill()
+            proc.wait(timeout=30)
+            assert len(mounts_under(store_root)) == 2  # left behind: nothing has unmounted them
+            remove_store(store_root)
+            assert not store_root.exists() and mounts_under(store_root) == []
+            assert not (src_tree / "x.txt").exists()  # the in-place source was never written
+        finally:
+            proc.kill()
+            if child:
+                os.kill(child, signal.SIGKILL)

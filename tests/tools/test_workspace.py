@@ -268,3 +268,24 @@ def test_write_bytes_returns_file_edit(workspace: Workspace) -> None:
     assert [e.name for e in workspace.listdir("brand")] == ["new.py"]
     assert workspace.resolve("./brand//new.py") == "brand/new.py"
     assert workspace.resolve("not/there") == "not/there"
+
+
+def test_attach_works_on_the_directory_itself_and_delete_leaves_it(store: WorkspaceStore, src_tree: Path,
+                                                                   outside: Path) -> None:
+    before = tree_state(src_tree)
+    ws = store.attach(src_tree)
+    assert ws.root == src_tree.resolve() and ws.layering.value == "attached"
+    assert "itself (no copy" in ws.layout.describe()
+    ws.write_bytes("added.txt", b"x\n")
+    assert (src_tree / "added.txt").read_bytes() == b"x\n"  # in place
+    with pytest.raises(Exception, match="outside|escapes"):
+        ws.read_bytes(f"../{outside.name}/canary.txt")
+    fork = ws.fork()
+    assert fork.root != ws.root and (fork.root / "added.txt").exists()
+    fork.delete()
+    ws.delete()
+    assert tree_state(src_tree) == {**before, "added.txt": ("file", (b"x\n", False))}
+    with pytest.raises(WorkspaceError, match="not a directory"):
+        store.attach(src_tree / "nope")
+    with pytest.raises(WorkspaceError, match="lies inside it"):
+        store.attach(store.root.parent)

@@ -48,6 +48,12 @@ class Session(BaseModel):
     rl_sample: int | None = None
     rl_reward: float | None = None
     rl_status: str | None = None
+    policy_name: str = Field("", description='the policy\'s kind and model: "openai:MODEL", "scripted", "rl" (the '
+                             "session browser's policy filter)")
+    feedback_up: int = Field(0, description="turns rated thumbs-up (GET /v1/sessions/{id}/feedback lists them)")
+    feedback_down: int = Field(0, description="turns rated thumbs-down")
+    files_kept: int = Field(0, description="changed files marked keep")
+    files_reverted: int = Field(0, description="changed files reverted to the session's start")
 
 
 class EventsPage(BaseModel):
@@ -79,19 +85,41 @@ class Cancelled(BaseModel):
 
 
 class CallComparison(BaseModel):
+    """One call, recorded vs re-executed (matched by call_id). Outputs and edits are given only when the
+    call is not ``same``."""
+
     call_id: str
     name: str | None
-    status: Literal["same", "differs", "missing", "extra"]
+    status: Literal["same", "differs", "missing", "extra", "recorded"] = Field(
+        description="recorded: an external (MCP) tool's call, answered from the recording, not run again")
     recorded_ok: bool | None = None
     replayed_ok: bool | None = None
     recorded_output: str | None = None
     replayed_output: str | None = None
+    turn: int | None = None
+    step: int | None = None
+    index: int | None = None
+    args: dict[str, Any] | None = Field(None, description="the call's arguments (the recording's)")
+    recorded_duration_ms: float | None = None
+    replayed_duration_ms: float | None = None
+    differs_in: list[Literal["ok", "output", "edits"]] = Field(default_factory=list)
+    recorded_edits: list[str] | None = Field(None, description="the call's file_edit diffs in the recording")
+    replayed_edits: list[str] | None = Field(None, description="... and in the re-execution")
+
+
+class ReplayedRevert(BaseModel):
+    turn: int
+    path: str
+    ok: bool = Field(description="false: the re-executed workspace did not have that change (see detail)")
+    detail: str = ""
 
 
 class ReexecuteReport(BaseModel):
     session_id: str
-    counts: dict[Literal["same", "differs", "missing", "extra"], int]
+    counts: dict[Literal["same", "differs", "missing", "extra", "recorded"], int]
     calls: list[CallComparison]
+    reverts: list[ReplayedRevert] = Field(default_factory=list, description="files the user reverted, re-applied "
+                                          "after their turns")
 
 
 def _timed(cls: type[BaseModel]) -> type[BaseModel]:

@@ -122,13 +122,13 @@ async def list_sessions(
             raise Forbidden("only staff can list other users' sessions")
         owner = user.name
     rows = await asyncio.to_thread(
-        state.log.list_sessions, owner=owner, status=status_, since=_naive(since), until=_naive(until),
+        state.log.list_sessions, owner=owner, status=status_, since=naive_utc(since), until=naive_utc(until),
         limit=limit, offset=offset, kind=kind, rl_run=run,
     )
     return [Session.model_validate(r.public()) for r in rows]
 
 
-def _naive(t: datetime | None) -> datetime | None:
+def naive_utc(t: datetime | None) -> datetime | None:
     """The log stores naive UTC times."""
     if t is None or t.tzinfo is None:
         return t

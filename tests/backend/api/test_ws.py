@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from agent.parser import encode_call as call
 from backend.api.ws import MAX_MESSAGE_BYTES
+from tools.workspace import remove_store
 from tests.backend.conftest import Api, make_api
 
 
@@ -164,7 +164,7 @@ def test_a_session_whose_workspace_is_gone_is_a_410_not_a_500(api: Api) -> None:
     state = api.client.app.state.flywheel  # type: ignore[attr-defined]
     info = api.client.get(f"/v1/sessions/{sid}", headers=api.h("alice")).json()
     assert sid not in hub(api).live  # not loaded yet
-    shutil.rmtree(state.store.root / "ws" / info["workspace_id"])
+    remove_store(state.store.root / "ws" / info["workspace_id"])  # unmounts first (overlays)
     assert denied(api, f"/v1/sessions/{sid}/ws", headers=api.h("alice")) == 410
     r = api.client.post(f"/v1/sessions/{sid}/messages", json={"text": "go"}, headers=api.h("alice"))
     assert r.status_code == 410 and "workspace is gone" in r.json()["detail"]

@@ -70,3 +70,36 @@ def test_a_0001_database_with_sessions_upgrades_in_place_and_downgrades(engine: 
         assert conn.execute(text("SELECT count(*) FROM events")).scalar_one() == 2
     _to(engine, "upgrade", "head")  # and back up again
     assert "kind" in _columns(engine, "sessions")
+
+
+def test_0003_fills_policy_names_and_the_search_index_from_existing_rows_and_downgrades(engine: Engine) -> None:
+    from backend.db.browse import BrowseFilters, browse_sessions
+    from backend.db.search import parse_query
+
+    _to(engine, "upgrade", "0002")
+    _seed_0001(engine)
+    with engine.begin() as conn:
+        conn.execute(text("""UPDATE sessions SET policy = '{"kind": "openai", "model": "m1"}' WHERE id = :id"""),
+                     {"id": "a" * 32})
+    _to(engine, "upgrade", "head")
+    log = SessionLog(engine)
+    assert log.get_session("a" * 32).policy_name == "openai:m1"  # type: ignore[union-attr]
+    assert log.get_session("b" * 32).policy_name == "unknown"  # type: ignore[union-attr]  # '{}' has no kind
+    found = browse_sessions(engine, BrowseFilters(terms=tuple(parse_query("hi"))))
+    assert sorted(s.id for s in found.sessions) == ["a" * 32, "b" * 32]  # messages from before 0003 are indexed
+    assert "feedback" in inspect(engine).get_table_names()
+    indexes = {ix["name"] for ix in inspect(engine).get_indexes("sessions")}
+    assert {"ix_sessions_created_id", "ix_sessions_owner_created", "ix_sessions_policy_name"} <= indexes
+
+    _to(engine, "downgrade", "0002")
+    names = set(inspect(engine).get_table_names())
+    assert not {"feedback", "message_fts", "message_search"} & names
+    assert not {"policy_name", "feedback_up", "files_reverted"} & _columns(engine, "sessions")
+    with engine.begin() as conn:  # the trigger went with its table: events still insert
+        conn.execute(text("INSERT INTO events (session_id, seq, type, turn, ts, body) VALUES "
+                          "(:id, 2, 'user_message', 2, 2.0, :body)"),
+                     {"id": "a" * 32, "body": event_to_json(UserMessage(seq=2, session_id="a" * 32, turn=2, text="x"))})
+        assert conn.execute(text("SELECT count(*) FROM sessions")).scalar_one() == 2
+    _to(engine, "upgrade", "head")
+    found = browse_sessions(engine, BrowseFilters(terms=tuple(parse_query("x"))))
+    assert [s.id for s in found.sessions] == ["a" * 32]

@@ -96,3 +96,17 @@ async def test_rollout_and_server_session_get_byte_identical_prompts_and_tool_re
     rollout_results = [(e["call_id"], e["ok"], e["output"]) for e in rollout.events if e["type"] == "tool_result"]
     server_results = [(e.call_id, e.ok, e.output) for e in sink.of_type(ToolResultEvent)]
     assert rollout_results == server_results and len(server_results) == 3
+
+
+async def test_close_deletes_the_cached_bases_and_unmounts(tmp_path, task, tok) -> None:
+    from tools.overlay import mounts_under, overlay_unavailable
+
+    if (reason := overlay_unavailable(tmp_path)) is not None:
+        pytest.skip(f"overlays do not work here ({reason})")
+    r, _ = runner(tmp_path, OUTPUTS, tok)
+    r.store = WorkspaceStore(tmp_path / "cow-store", overlay=True)  # as a runner whose store mounts
+    [rollout] = await r.run([RolloutJob(task, "run", 0, 0)])
+    assert rollout.status is RolloutStatus.FINISHED, rollout.detail
+    assert len(mounts_under(r.store.root)) == 1  # the task's cached base (the rollout's fork is deleted)
+    r.close()
+    assert mounts_under(r.store.root) == [] and list((r.store.root / "ws").iterdir()) == []
