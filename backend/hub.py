@@ -475,8 +475,9 @@ class Hub:
                 live = self.live.get(info.id)
                 if live is None:
                     now_ = await asyncio.to_thread(self.log.get_session, info.id) or info
-                    return await self.writer.append(event.model_copy(update={
+                    stored = await self.writer.append(event.model_copy(update={
                         "seq": now_.last_seq + 1, "session_id": info.id, "turn": now_.turns}))
+                    return stored.event
         return await live.session.emit(event)
 
     async def revert_file(self, info: SessionInfo, path: str,

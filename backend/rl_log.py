@@ -3,7 +3,7 @@
 Each rollout becomes a session like a user's: its starting snapshot is saved
 the way the hub saves one (manifest in the database, file bytes in the
 server's :class:`~tools.workspace.WorkspaceStore`), its events go through
-the log's :class:`~backend.db.log.EventStore` (the synchronous core of the
+the log's :class:`~backend.db.writer.EventStore` (the synchronous core of the
 server's ``EventWriter``: same retries, same stand-ins for a bad event) with
 the ``seq`` the worker gave them, and the session is tagged ``kind="rl"``
 with its run, iteration, task, sample index, reward and status. So

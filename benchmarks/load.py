@@ -192,6 +192,7 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             if profiler is not None:
                 await asyncio.to_thread(profiler.start)
             t_run = time.perf_counter()
+            load_before = os.getloadavg()[0]
             cpu_server0, cpu_client0 = server.cpu_s(), time.process_time()
             start.set()
             await asyncio.gather(*tasks)
@@ -255,6 +256,9 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         },
         "cpu_s_during_turns": {"server": round(cpu_server, 2), "clients": round(cpu_client, 2),
                                "cores": os.cpu_count()},
+        "load_avg_1m_before_turns": round(load_before, 2),
+        "load_avg_note": "the machine's 1-minute load average when the turns started: on a shared machine "
+                         "the latency follows it (the server gets that much less of the cores)",
         "server_cpu_ms_per_event": round(cpu_server / stats.events * 1e3, 4) if stats.events else None,
         "server_cpu_measured": "user + system CPU of the server process (all its threads, /proc/PID/stat) while "
                                "the turns ran, divided by events_received; ripgrep's own CPU (a child) is not in it",

@@ -32,7 +32,7 @@ that reads nothing sees the connection end only when the server's keepalive
 gives up (uvicorn: about 20 s after an unanswered ping). A client that pings
 (the ``websockets`` library does by default) may time its own ping out behind
 a deep backlog and report 1006 on its side; clients that read slowly should
-ping less eagerly. A blocked send is noticed up to a quarter of
+ping less eagerly. A blocked send is noticed up to a tenth of
 ``send_stall_s`` late (one timer per socket, not one per send). The
 message-size limit is checked here, after the server has read the message:
 the ASGI server's own limit (uvicorn ``ws_max_size``, which the CLI sets to
@@ -231,10 +231,10 @@ async def _serve(ws: WebSocket, state: AppState, info: Any, after: int) -> None:
 
     async def watch_sends() -> None:
         # One timer per socket instead of one per send: a send blocked for send_stall_s
-        # (within a quarter of it) ends the connection as too slow.
+        # (noticed within a tenth of it) ends the connection as too slow.
         stall = hub.send_stall_s
         while True:
-            await asyncio.sleep(stall / 4)
+            await asyncio.sleep(stall / 10)
             since = sending_since
             if since is not None and loop.time() - since >= stall:
                 raise _Closing(CLOSE_SLOW, f"client fell too far behind; reconnect with after={sent}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.events import AssistantDelta
+from agent.events import AssistantDelta, FeedbackEvent
 from backend.db.engine import make_engine, migrate
 from backend.db.log import SessionLog
 from backend.db.writer import EventWriter
@@ -237,3 +237,15 @@ async def test_a_workspace_view_is_what_the_live_sessions_tools_act_on(hub) -> N
     result = next(e for e in events if e.type == "tool_result")
     assert seen == ["f.txt"] and "X" in result.output
     assert (ws.root / "f.txt").read_text() == "x\n"
+
+
+async def test_record_event_returns_the_stored_event_live_or_not(hub) -> None:
+    h, ws = hub
+    info = await h.create(owner="a", workspace=ws, title="", source={}, policy={"kind": "scripted", "outputs": ["x"]})
+    assert info.id not in h.live
+    cold = await h.record_event(info, FeedbackEvent(target="turn", of_turn=0, rating="up", by="a"))
+    assert isinstance(cold, FeedbackEvent) and cold.seq == 1 and cold.session_id == info.id  # straight to the log
+    await h.get_live(info)
+    warm = await h.record_event(info, FeedbackEvent(target="turn", of_turn=0, rating="down", by="a"))
+    assert isinstance(warm, FeedbackEvent) and warm.seq == 2
+    assert [e.seq for e in await asyncio.to_thread(h.log.all_events, info.id)] == [1, 2]

@@ -27,14 +27,16 @@ def tiny_tokenizer() -> Tokenizer:
     return train_tokenizer(texts, 1024)
 
 
-def tiny_model(tokenizer: Tokenizer, seed: int = 0) -> MoETransformer:
+def tiny_model(tokenizer: Tokenizer, seed: int = 0, ends: tuple[str, ...] = ("<|end|>", "<|eos|>")) -> MoETransformer:
     """A random model that never writes a role marker or ``<|pad|>`` (their logits are -inf).
 
     Every special token ends a sequence; a random model would hit one of them early and cut
-    tests of other behaviours short. ``<|end|>`` and ``<|eos|>`` stay sampleable."""
+    tests of other behaviours short. ``ends`` (``<|end|>`` and ``<|eos|>``) stay sampleable;
+    ``ends=()`` gives a model that always runs to ``max_tokens`` (the tokenizer is trained on
+    this repo's source, so where a random model first samples an end moves with every edit)."""
     torch.manual_seed(seed)
     model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_seq_len=256)).eval()
-    masked = [i for t, i in tokenizer.special_ids.items() if t not in ("<|end|>", "<|eos|>")]
+    masked = [i for t, i in tokenizer.special_ids.items() if t not in ends]
 
     def no_markers(_module: torch.nn.Module, _inputs: object, logits: torch.Tensor) -> torch.Tensor:
         logits[..., masked] = float("-inf")
@@ -200,7 +202,9 @@ async def test_equal_length_prompts_share_one_prefill(model, tok) -> None:
         assert (reference_logprobs(model, p, c.token_ids) - torch.tensor(c.logprobs)).abs().max().item() <= 1e-5
 
 
-async def test_request_joins_while_others_are_mid_generation(engine: Engine, tok) -> None:
+async def test_request_joins_while_others_are_mid_generation(tok) -> None:
+    engine = Engine(tiny_model(tok, ends=()), tok, max_slots=8)  # A must not end before B joins
+    await engine.start()
     a_pieces: list[GeneratedPiece] = []
     b_first_at = -1
 
@@ -216,7 +220,10 @@ async def test_request_joins_while_others_are_mid_generation(engine: Engine, tok
             if b_first_at < 0:
                 b_first_at = len(a_pieces)
 
-    await asyncio.gather(a(), b())
+    try:
+        await asyncio.gather(a(), b())
+    finally:
+        await engine.stop()
     assert len(a_pieces) == 60 and 10 <= b_first_at < 60  # B streamed while A was still generating
     assert engine.stats.max_batch == 2
 
