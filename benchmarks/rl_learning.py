@@ -112,7 +112,7 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         (root / "copy_drills.json").write_text(json.dumps(drills))
     (root / "sft.json").write_text(json.dumps({"sft": {
         "lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": args.sft_steps, "eval_every": 50,
-        "patience": 4, "demos_per_task": 1}}))
+        "patience": 4, "demos_per_task": 1, "renamings": args.sft_renamings}}))
     rc = _cmd_sft(argparse.Namespace(tasks=tasks_file, init=init, out=sft, config=root / "sft.json",
                                      seed=sft_seed))
     if rc != 0:
@@ -228,6 +228,8 @@ def main() -> None:
     ap.add_argument("--pretrain-steps", type=int, help="pretrain on code this many steps before SFT (0: random init)")
     ap.add_argument("--copy-drill-steps", type=int, default=0,
                     help="train on copy drills this many steps between pretraining and SFT (agent.model.copy_drills)")
+    ap.add_argument("--sft-renamings", type=int,
+                    help="renamed copies of each SFT training demonstration (rl.train.rename; 0: none)")
     ap.add_argument("--pretrain-mb", type=int, default=16, help="code corpus size for pretraining (MiB)")
     ap.add_argument("--data-seed", type=int, default=0, help="the task set's seed (fixed across RL seeds)")
     ap.add_argument("--work-dir", type=Path, help="keep the task set, checkpoints and runs here (default: a temp dir)")
@@ -237,10 +239,10 @@ def main() -> None:
     args = ap.parse_args()
     full = {"seeds": [0, 1, 2], "preset": "mini", "vocab": 2048, "n_train": 600, "n_heldout": 32,
             "iterations": 30, "eval_every": 10, "tasks_per_iteration": 4, "group": 8, "k": 4, "sft_steps": 1500,
-            "pretrain_steps": 1500,
+            "pretrain_steps": 1500, "sft_renamings": 8,
             "sft_lr": 2e-3, "max_model_calls": 6, "max_tokens": 192, "lr": 5e-4, "minibatches": 4}
     quick = full | {"seeds": [0], "preset": "tiny", "n_train": 32, "n_heldout": 8, "iterations": 4, "eval_every": 2,
-                    "tasks_per_iteration": 2, "group": 4, "k": 2, "sft_steps": 60, "sft_lr": 3e-3, "pretrain_steps": 0,
+                    "tasks_per_iteration": 2, "group": 4, "k": 2, "sft_steps": 60, "sft_renamings": 1, "sft_lr": 3e-3, "pretrain_steps": 0,
                     "max_model_calls": 4, "max_tokens": 96, "lr": 1e-3, "minibatches": 1}
     sizing = quick if args.quick else full
     for k, v in sizing.items():

@@ -96,6 +96,8 @@ class SFTConfig(_Section):
     heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)  # of the train-split TASKS (split before recording)
     demos_per_task: int = Field(1, ge=1)  # demonstrations recorded per task, each in a randomly drawn style
     max_steps: int | None = Field(None, ge=1)  # stop after this many optimizer steps (None: epochs and patience)
+    # renamed copies of each TRAINING demonstration (rl.train.rename; the held-out ones are never renamed)
+    renamings: int = Field(0, ge=0, le=64)
 
 
 class RunConfig(_Section):

@@ -51,6 +51,7 @@ class _Names:
 
     def __init__(self, rng: random.Random, words: tuple[str, ...]) -> None:
         self.rng, self.words, self.used = rng, list(words), set[str]()
+        self.order: list[str] = []
 
     def word(self) -> str:
         free = [w for w in self.words if w not in self.used]
@@ -58,6 +59,7 @@ class _Names:
             raise ValueError("the word list is too short for this difficulty")
         w = self.rng.choice(free)
         self.used.add(w)
+        self.order.append(w)
         return w
 
     def ident(self, parts: int = 2) -> str:
@@ -65,9 +67,11 @@ class _Names:
 
 
 def patch_between(files: dict[str, str], solution: dict[str, str | None]) -> str:
-    """The unified diff (git style) that turns ``files`` into ``files`` updated by ``solution``."""
+    """The unified diff (git style) that turns ``files`` into ``files`` updated by ``solution``, one
+    file after another in ``solution``'s order (the order the family wrote them: unlike sorting by
+    path, it survives renaming, :mod:`rl.train.rename`)."""
     out = []
-    for path in sorted(solution):
+    for path in solution:
         old = files.get(path)
         new = solution[path]
         out.append(unified_diff(path, None if old is None else old.encode(), None if new is None else new.encode()))
@@ -136,7 +140,7 @@ def fix_bug(rng: random.Random, names: _Names, difficulty: int) -> Draft:
             files[f"{pkg}/{m}.py"] = "\n\n".join(fns)
     tests += [(target_mod, target, c, w) for c, w in cases]
     test_path = f"tests/test_{pkg}.py"
-    imports = "".join(f"from {pkg}.{m} import {', '.join(sorted({fn for mm, fn, _, _ in tests if mm == m}))}\n"
+    imports = "".join(f"from {pkg}.{m} import {', '.join(dict.fromkeys(fn for mm, fn, _, _ in tests if mm == m))}\n"
                       for m in mods if any(mm == m for mm, *_ in tests))
     body = _test_class(f"Test{pkg.title()}", [(fn, c, w) for _, fn, c, w in tests])
     files[test_path] = _TEST_HEAD + imports + "\n\n" + body + _TEST_TAIL
@@ -264,11 +268,17 @@ FAMILIES: dict[str, Callable[[random.Random, _Names, int], Draft]] = {
 MAX_DIFFICULTY = 3
 
 
-def generate(family: str, split: Split, seed: int, difficulty: int) -> Draft:
-    """The draft for ``(family, split, seed, difficulty)``; deterministic."""
+def generate(family: str, split: Split, seed: int, difficulty: int, *,
+             words: tuple[str, ...] | None = None) -> Draft:
+    """The draft for ``(family, split, seed, difficulty)``; deterministic. ``words`` replaces the
+    split's word list (same length: the same structure with other names; :mod:`rl.train.rename`).
+    The names drawn are in ``metadata["words"]``, in the order drawn."""
     if family not in FAMILIES:
         raise ValueError(f"unknown task family {family!r}; known: {', '.join(FAMILIES)}")
     if not 1 <= difficulty <= MAX_DIFFICULTY:
         raise ValueError(f"difficulty must be 1..{MAX_DIFFICULTY} (got {difficulty})")
     rng = random.Random(f"{family}:{split.value}:{seed}:{difficulty}")
-    return FAMILIES[family](rng, _Names(rng, words_for(split)), difficulty)
+    names = _Names(rng, words_for(split) if words is None else words)
+    draft = FAMILIES[family](rng, names, difficulty)
+    draft.metadata["words"] = list(names.order)
+    return draft

@@ -107,8 +107,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     try:
         sets = [record_task_demos(part, tok, profile=profile, sandbox=sandbox, store=store,
                                   max_len=model.cfg.max_seq_len, per_task=sft_cfg.demos_per_task, seed=args.seed,
-                                  progress=lambda: bar.update(1))
-                for part in (tasks[n_held:], tasks[:n_held])]
+                                  renamings=renamings, progress=lambda: bar.update(1))
+                for part, renamings in ((tasks[n_held:], sft_cfg.renamings), (tasks[:n_held], 0))]
     finally:
         bar.close()
         remove_store(store_dir)
@@ -121,7 +121,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
                             f"{train_demos.too_long + held_demos.too_long} too long)")
     examples = train_demos.examples + held_demos.examples
     print(f"demonstrations: {len(train_demos.examples)} training, {len(held_demos.examples)} held-out; styles "
-          f"{dict(sorted(train_demos.styles.items()))}; {skipped} skipped", file=sys.stderr)
+          f"{dict(sorted(train_demos.styles.items()))}; {skipped} skipped; {train_demos.renamed} renamed copies "
+          f"({train_demos.rename_refused} tasks not renamable)", file=sys.stderr)
     torch.manual_seed(args.seed)
     curve_path = args.out / "sft_curve.jsonl"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -211,6 +211,8 @@ class DemoSet:
     styles: dict[str, int] = field(default_factory=dict)  # style -> demonstrations kept
     no_patch: int = 0  # tasks whose reference patch an edit_file cannot express
     too_long: int = 0  # demonstrations longer than the model's context
+    renamed: int = 0  # renamed copies kept (rl.train.rename), counted in ``examples``
+    rename_refused: int = 0  # tasks whose names could not be renamed safely
 
     @property
     def skipped(self) -> int:
@@ -219,14 +221,19 @@ class DemoSet:
 
 def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: PromptProfile,
                       sandbox: Sandbox | None, store: WorkspaceStore, max_len: int, per_task: int = 1,
-                      seed: int = 0, progress: Callable[[], None] | None = None) -> DemoSet:
+                      seed: int = 0, renamings: int = 0,
+                      progress: Callable[[], None] | None = None) -> DemoSet:
     """``per_task`` demonstrations of each task, each in a style drawn from
     ``random.Random(f"{seed}:{task.id}:{k}")`` (uniform over :data:`STYLES`; a blind one fails
     its first edit half the time), recorded on a fresh fork of the task's start and tokenised.
     The test command is the one an agent would type (:attr:`rl.tasks.spec.Grader.agent_command`).
 
     Styles are drawn per demonstration, not by task position, so that no task family is tied to
-    one style. Not guaranteed: that every demonstration's tests pass (see the module docstring)."""
+    one style. ``renamings`` adds that many renamed copies of each demonstration
+    (:mod:`rl.train.rename`: the task's names consistently replaced by fresh ones, checked against
+    the regenerated task; a task that cannot be renamed safely gets none and is counted in
+    ``rename_refused``). Not guaranteed: that every demonstration's tests pass (see the module
+    docstring)."""
     import asyncio
 
     from rl.tasks.workspaces import materialise
@@ -253,12 +260,33 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
                                                    fail_blind=style == "blind" and rng.random() < 0.5))
                 finally:
                     ws.delete()
-                segs = demo_segments(demo, tokenizer)
-                if sum(len(s.token_ids) for s in segs) > max_len:
-                    out.too_long += 1
-                    continue
-                out.examples.append(segs)
-                out.styles[style] = out.styles.get(style, 0) + 1
+                for j, variant in enumerate([demo, *_renamed(task, demo, renamings, rng, out)]):
+                    segs = demo_segments(variant, tokenizer)
+                    if sum(len(s.token_ids) for s in segs) > max_len:
+                        out.too_long += 1
+                        continue
+                    out.examples.append(segs)
+                    if j == 0:
+                        out.styles[style] = out.styles.get(style, 0) + 1
+                    else:
+                        out.renamed += 1
         finally:
             base.delete()
     return out
+
+
+def _renamed(task: Task, demo: Demonstration, n: int, rng: random.Random, out: DemoSet) -> list[Demonstration]:
+    """``n`` renamed copies of ``demo`` (none, counted, when the task's names cannot be renamed safely)."""
+    from rl.train.rename import rename_demo, renaming_for
+
+    if n <= 0:
+        return []
+    system = demo.prompts[0].text.split("<|user|>", 1)[0] if demo.prompts else ""
+    copies = []
+    for _ in range(n):
+        mapping = renaming_for(task, rng, system_text=system)
+        if mapping is None:
+            out.rename_refused += 1
+            return copies
+        copies.append(rename_demo(demo, mapping))
+    return copies
