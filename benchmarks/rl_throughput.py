@@ -2,12 +2,15 @@
 rollout workers, prefill tokens computed with and without the prefix cache, peak memory.
 
 The policy is the tiny preset with random weights, saved as a real checkpoint
-(compact prompt profile) and served by the inference actor; rollouts are real
-sessions (production tools, bwrap sandbox) on generated workspaces. Grading is
+(compact prompt profile), or ``--init CHECKPOINT`` (an SFT start, which writes real tool
+calls, so the tools' share is measured too); it is served by the inference actor.
+Rollouts are real sessions (production tools, bwrap sandbox) on small generated
+workspaces, or on the first ``--tasks`` train-split tasks of ``--tasks-file`` (a
+``flywheel rl tasks build`` file). Grading is
 not part of this figure (rl/tasks grades; its time is reported by the trainer's
 metrics), so ``grading_s`` is absent.
 
-    .venv/bin/python benchmarks/rl_throughput.py [--tasks 4] [--group 4]
+    .venv/bin/python benchmarks/rl_throughput.py [--tasks 4] [--group 4] [--init SFT_CKPT --tasks-file TASKS]
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=4, help="G: rollouts per task")
     ap.add_argument("--max-steps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--init", type=Path, help="serve this checkpoint (default: a random tiny model)")
+    ap.add_argument("--tasks-file", type=Path, help="roll out these tasks' train split (default: toy workspaces)")
+    ap.add_argument("--name", default="rl_throughput", help="result name")
     args = ap.parse_args()
 
     import ray
@@ -46,13 +52,27 @@ def main() -> None:
 
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
     tmp = Path(tempfile.mkdtemp(prefix="rl-throughput-"))
-    corpus = build_corpus(max_bytes=1 << 20, n_transcripts=24, val_fraction=0.05, prompt_profile="compact")
-    tok = train_tokenizer(corpus.texts("train"), 1024)
-    torch.manual_seed(0)
-    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=2048))
-    ckpt = save_checkpoint(tmp / "ckpt", model, tok, step=0, profile=COMPACT_PROFILE)
+    if args.init is not None:
+        ckpt = args.init
+    else:
+        corpus = build_corpus(max_bytes=1 << 20, n_transcripts=24, val_fraction=0.05, prompt_profile="compact")
+        tok = train_tokenizer(corpus.texts("train"), 1024)
+        torch.manual_seed(0)
+        model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=2048))
+        ckpt = save_checkpoint(tmp / "ckpt", model, tok, step=0, profile=COMPACT_PROFILE)
     tasks = []
-    for i in range(args.tasks):
+    if args.tasks_file is not None:
+        from rl.tasks.spec import GeneratedSource, load_tasks
+        from rl.types import Split
+
+        for t in [t for t in load_tasks(args.tasks_file) if t.split is Split.TRAIN][: args.tasks]:
+            if not isinstance(t.source, GeneratedSource):
+                raise SystemExit(f"{t.id}: only generated tasks are supported here")
+            for rel, text in t.source.files.items():
+                (tmp / t.id / rel).parent.mkdir(parents=True, exist_ok=True)
+                (tmp / t.id / rel).write_text(text)
+            tasks.append(DirTask(t.id, t.request, str(tmp / t.id)))
+    for i in range(args.tasks - len(tasks) if args.tasks_file is None else 0):
         src = tmp / f"task{i}"
         src.mkdir()
         (src / f"mod{i}.py").write_text(f"def f{i}(x):\n    return x - {i}\n")
@@ -95,9 +115,10 @@ def main() -> None:
     runs = [iteration(1, True), iteration(2, True), iteration(2, False)]
     ray.shutdown()
     one, two, nocache = runs
-    write_result("rl_throughput", {
-        "config": {"tasks": args.tasks, "group": args.group, "max_steps": args.max_steps,
-                   "max_tokens": args.max_tokens, "model": "tiny (random init)", "ray_cpus": 2},
+    write_result(args.name, {
+        "config": {"tasks": len(tasks), "group": args.group, "max_steps": args.max_steps,
+                   "max_tokens": args.max_tokens, "model": str(args.init) if args.init else "tiny (random init)",
+                   "tasks_file": str(args.tasks_file) if args.tasks_file else None, "ray_cpus": 2},
         "runs": runs,
         "rollouts_per_s": {"1_worker": one["rollouts_per_s"], "2_workers": two["rollouts_per_s"]},
         "prefill_tokens": {"with_cache": two["prefill_tokens_computed"], "without_cache": nocache["prefill_tokens_computed"]},
