@@ -1,11 +1,11 @@
 """Token-in/token-out: a policy whose conversation is kept as token ids, never re-tokenised.
 
-:class:`LocalPolicy` tokenises the whole rendered prompt at every model call;
-BPE is not compositional, so the ids of ``prompt + sampled text`` need not be
-the ids the engine sampled, and a trainer that re-tokenised would train on a
-sequence the sampler never saw. :class:`TokenInTokenOutPolicy` instead keeps
-the full token sequence the engine has consumed and produced so far and, at
-each model call:
+BPE is not compositional: the ids of ``prompt + sampled text`` tokenised whole
+need not be the ids the engine consumed and sampled, so a policy that
+re-tokenised the rendered prompt at every model call would show the model a
+sequence it never sampled, and a trainer that re-tokenised would train on one.
+:class:`TokenInTokenOutPolicy` instead keeps the full token sequence the engine
+has consumed and produced so far and, at each model call:
 
 1. checks that the new rendered text extends the previous prompt text plus
    the text the model produced (``render_prompt`` is append-only for a fixed
@@ -18,7 +18,10 @@ each model call:
 Both steps are :func:`next_prompt_suffix`, the one implementation of the rule:
 the SFT demonstrations (``rl.train.demos``) use it too, with
 :func:`scripted_output_ids` for the sampled ids, so SFT trains on the token
-sequences this policy builds.
+sequences this policy builds. RL rollouts run one such policy per rollout;
+serving (``local:CHECKPOINT``, :class:`agent.policies.local.LocalPolicy`) keeps
+a table of them, one per live conversation, so a served model is fed exactly
+the sequences RL trains it on.
 
 End-of-message markers: the engine's sampled ids include the token that
 ended the message (see :mod:`agent.model.engine`); their text beyond the
@@ -49,7 +52,7 @@ chunks (the actor coalesces pieces).
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -158,13 +161,43 @@ def scripted_output_ids(text: str, tokenizer: Any) -> list[int]:
     return [*tokenizer.encode(text + "\n"), tokenizer.end_id]
 
 
+class EngineCompleter:
+    """A :class:`StreamingCompleter` over an in-process :class:`agent.model.engine.Engine`: each
+    request's ``max_tokens`` clamped to the room its prompt leaves (``Engine.fit``; a prompt with
+    none is ``PromptTooLong``), the engine started on the caller's event loop if it is not running."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    async def complete(self, request: Any) -> Any:
+        request = self.engine.fit(request)
+        await self.engine.start()
+        return await self.engine.complete(request)
+
+    async def generate(self, request: Any) -> AsyncIterator[Any]:
+        request = self.engine.fit(request)
+        await self.engine.start()
+        async with aclosing(self.engine.generate(request)) as pieces:
+            async for piece in pieces:
+                yield piece
+
+
 class TokenInTokenOutPolicy:
+    """One conversation as token ids (see the module docstring).
+
+    ``seed``: the first request's seed, then one more per request (None: random). ``seeds``
+    instead draws them from an iterator shared with other policies (``LocalPolicy`` shares one
+    across its conversations, so its k-th stream is reproducible). ``label`` starts every error
+    message (``"local policy"`` when serving).
+    """
+
     name = "tito"
 
     def __init__(
         self, completer: TokenCompleter, tokenizer: Any, *, prompt_profile: PromptProfile = DEFAULT_PROFILE,
         max_tokens: int = 512, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
         return_routes: bool = False, special_tokens: tuple[str, ...] | None = None,
+        seeds: Iterator[int] | None = None, label: str = "token-in/token-out policy",
     ) -> None:
         from agent.model.tokenizer import SPECIAL_TOKENS
 
@@ -173,7 +206,8 @@ class TokenInTokenOutPolicy:
         self.prompt_profile = prompt_profile
         self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
         self.return_routes = return_routes
-        self._seeds = itertools.count(seed) if seed is not None else None
+        self.label = label
+        self._seeds = seeds if seeds is not None else itertools.count(seed) if seed is not None else None
         self._specials = special_tokens or SPECIAL_TOKENS
         self.segments: list[TokenSegment] = []
         self.held: list[int] = []  # every token the engine consumed or produced, in order
@@ -186,6 +220,19 @@ class TokenInTokenOutPolicy:
         self.weights_versions: list[int] = []
 
     # -- the suffix --------------------------------------------------------------
+
+    def extends(self, text: str) -> int | None:
+        """How many characters of the rendered prompt ``text`` this conversation already holds
+        (its last prompt and the model's message), if :meth:`stream` would accept ``text`` as
+        its next prompt (:func:`next_prompt_suffix`); None if it would not. 0 before the first
+        call (any prompt starts a conversation)."""
+        if not self.held:
+            return 0
+        try:
+            next_prompt_suffix(self._prompt_text, self._output_text, self._tail, text, markers=self._specials)
+        except PolicyError:
+            return None
+        return len(self._prompt_text) + len(self._output_text)
 
     def _new_ids(self, text: str) -> list[int]:
         if not self.held:
@@ -200,7 +247,7 @@ class TokenInTokenOutPolicy:
         from agent.model.engine import EngineError, GenerationRequest, PromptTooLong
 
         if not prompt.text:
-            raise PolicyError("token-in/token-out policy: the rendered prompt has no text form")
+            raise PolicyError(f"{self.label}: the rendered prompt has no text form")
         new = self._new_ids(prompt.text)
         ids = self.held + new
         request = GenerationRequest(
@@ -232,9 +279,12 @@ class TokenInTokenOutPolicy:
                 if last is None:
                     raise EngineError("the stream ended without a finished piece")
         except PromptTooLong as exc:
-            raise PolicyError(f"token-in/token-out policy: the conversation no longer fits the context: {exc}") from None
+            raise PolicyError(
+                f"{self.label}: {exc}. The conversation no longer fits this model's context (prompt profile "
+                f"{self.prompt_profile.name!r}): start a new session, or use a checkpoint with a longer context"
+            ) from None
         except EngineError as exc:
-            raise PolicyError(f"token-in/token-out policy: {exc}") from None
+            raise PolicyError(f"{self.label}: {exc}") from None
         except GeneratorExit:
             # the session stopped reading mid-stream (e.g. too many calls in one step): the message
             # is what it read, so the sequence is too — minus sampled ids whose text it never saw
