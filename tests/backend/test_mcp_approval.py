@@ -225,3 +225,28 @@ def test_modes_and_what_they_ask(tmp_path: Path) -> None:
         McpApprovals("ask")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="positive"):
         McpApprovals(timeout_s=0)
+
+
+def test_the_command_line_offers_the_runtimes_modes_and_defaults() -> None:
+    from agent.approval import APPROVAL_MODES
+    from backend import mcp_approval, mcp_cli
+    from backend.settings import ClientSettings
+
+    assert set(mcp_cli.APPROVAL_MODES) == set(APPROVAL_MODES)  # spelled out there to keep --help light
+    assert mcp_cli.DEFAULT_APPROVAL_TIMEOUT_S == mcp_approval.DEFAULT_APPROVAL_TIMEOUT_S
+    assert ClientSettings.model_fields["mcp_approval_mode"].default == mcp_approval.DEFAULT_APPROVAL_MODE
+
+
+def test_the_mode_comes_from_the_flag_the_environment_or_the_config_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from backend.settings import ClientSettings, load_settings
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("FLYWHEEL_MCP_APPROVAL_MODE", raising=False)
+    assert load_settings(ClientSettings).mcp_approval_mode == "ask-edits"
+    (tmp_path / "flywheel").mkdir()
+    (tmp_path / "flywheel" / "config.toml").write_text('mcp_approval_mode = "auto"\napproval_mode = "ask-edits"\n')
+    assert load_settings(ClientSettings).mcp_approval_mode == "auto"
+    monkeypatch.setenv("FLYWHEEL_MCP_APPROVAL_MODE", "ask-commands")
+    assert load_settings(ClientSettings).mcp_approval_mode == "ask-commands"
+    assert load_settings(ClientSettings, mcp_approval_mode="ask-edits").mcp_approval_mode == "ask-edits"
