@@ -14,8 +14,11 @@ Calls may arrive concurrently (an MCP client may send several at once). A
 call waits for earlier calls it conflicts with (:meth:`Resources.conflicts_with`,
 as within a step), so an edit and a later read of its file keep their order.
 
-Not guaranteed: approvals (an MCP client decides for itself whether to call);
-the order of calls that arrive at the same moment is the order they are
+Approvals are the driver's: :meth:`ToolRunner.check` and :meth:`ToolRunner.resources`
+tell it what a call is before it runs (``backend.mcp_approval`` asks the MCP
+client's user per the session approval modes of :mod:`agent.approval`).
+
+Not guaranteed: the order of calls that arrive at the same moment is the order they are
 submitted, which the transport decides.
 """
 
@@ -72,10 +75,10 @@ class ToolRunner:
         """The result of calling ``name`` with JSON ``arguments``; a bad call is an error
         result worded as the model would read it. Cancelling the caller cancels the tool."""
         n = next(self._ids)
-        checked = validate_call(ParsedCall(0, name, raw_params(arguments)), self._by_name, f"mcp{n}")
+        checked = self.check(name, arguments, f"mcp{n}")
         if isinstance(checked, CallRejected):
             return ToolResult.error(checked.message)
-        resources = self._resources(checked)
+        resources = self.resources(checked)
         earlier = [t for r, t in self._running if r.conflicts_with(resources)]
         task = asyncio.create_task(self._run(checked, earlier), name=f"tool-runner:{name}:{n}")
         entry = (resources, task)
@@ -89,7 +92,14 @@ class ToolRunner:
         finally:
             self._running.remove(entry)
 
-    def _resources(self, call: ToolCall) -> Resources:
+    def check(self, name: str, arguments: Mapping[str, Any], call_id: str = "mcp") -> ToolCall | CallRejected:
+        """``name`` with JSON ``arguments`` as the session's validator takes it: the call, or
+        its rejection (whose message is the error the call would return). Runs nothing."""
+        return validate_call(ParsedCall(0, name, raw_params(arguments)), self._by_name, call_id)
+
+    def resources(self, call: ToolCall) -> Resources:
+        """What ``call`` touches (:meth:`tools.base.Tool.resources`; nothing for an argument
+        the tool will refuse itself)."""
         try:
             return self.tools[call.name].resources(call.args)
         except ToolError:

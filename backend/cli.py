@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from backend.db.log import SessionLog
     from backend.run_log import RunRecorder
     from backend.settings import Settings
+    from tools.base import ToolSpec
     from tools.mcp_client import McpToolset
     from tools.workspace import Workspace
 
@@ -439,7 +440,7 @@ async def _run(args: argparse.Namespace) -> int:
     sink_fn = (lambda e: print(event_to_json(e), file=out, flush=True)) if args.json else Transcript(out)
     recorder = None if args.no_record else _start_recording(
         args, workspace, request=request, policy_config=policy_config, approval_mode=client.approval_mode,
-        kept_in=None if tmp is not None else store.root)
+        kept_in=None if tmp is not None else store.root, external_tools=[t.spec for t in toolset.tools])
     sink = CallbackSink(sink_fn) if recorder is None else FanoutSink(recorder, CallbackSink(sink_fn))
     index = None
     if args.semantic_search:
@@ -506,8 +507,9 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def _start_recording(args: argparse.Namespace, workspace: Workspace, *, request: str, policy_config: object,
-                     approval_mode: str, kept_in: Path | None) -> RunRecorder:
-    """Open the local session log and record the run's session there (:mod:`backend.run_log`)."""
+                     approval_mode: str, kept_in: Path | None, external_tools: list[ToolSpec]) -> RunRecorder:
+    """Open the local session log and record the run's session there (:mod:`backend.run_log`),
+    with the specs of its ``--mcp`` tools (for replays)."""
     from backend.local_log import LogNotFound, log_settings
     from backend.run_log import RunRecorder, policy_record
 
@@ -518,7 +520,7 @@ def _start_recording(args: argparse.Namespace, workspace: Workspace, *, request:
     try:
         recorder = RunRecorder.open(log_settings())
         recorder.start(workspace, title=request, source=source, policy=policy_record(policy_config),
-                       approval_mode=approval_mode, kept_in=kept_in)
+                       approval_mode=approval_mode, kept_in=kept_in, external_tools=external_tools)
     except (LogNotFound, OSError) as exc:
         raise CliError(f"cannot record the session: {exc} (--no-record runs without recording)") from None
     return recorder

@@ -21,8 +21,12 @@ streamable HTTP at ``/mcp``, which binds to 127.0.0.1 by default and answers
 and printed when none is given); a request body over 4 MiB is refused (the
 SDK's limit), and so is a stdio message line over :data:`MAX_LINE_BYTES`.
 
-Not guaranteed: approvals (the client decides what to call); isolation from
-the user's own edits of the directory; the semantic index sees edits made
+Approvals (:mod:`backend.mcp_approval`): in an asking mode (``ask-edits`` by
+default) a call that edits or runs a command is first put to the client's user
+with MCP elicitation; a client that cannot be asked gets an error result naming
+``--approval-mode auto``, and the call does not run.
+
+Not guaranteed: isolation from the user's own edits of the directory; the semantic index sees edits made
 through these tools, not edits made by others while it runs.
 """
 
@@ -47,6 +51,7 @@ from mcp.server.lowlevel import Server
 
 from agent.runtime import SessionParts
 from agent.tool_runner import ToolRunner
+from backend.mcp_approval import McpApprovals
 from tools.base import ToolResult
 from tools.mcp_schema import input_schema
 
@@ -72,15 +77,26 @@ def call_result(result: ToolResult) -> types.CallToolResult:
                                 structured_content=structured)
 
 
-def build_server(runner: ToolRunner, *, version: str = "") -> Server[Any]:
-    """An MCP server (the SDK's low-level ``Server``) whose tools are ``runner``'s."""
+def build_server(runner: ToolRunner, *, approvals: McpApprovals | None = None, version: str = "") -> Server[Any]:
+    """An MCP server (the SDK's low-level ``Server``) whose tools are ``runner``'s, asking
+    before calls as ``approvals`` says (None: :class:`McpApprovals`'s default, ``ask-edits``)."""
     listed = [types.Tool(name=s.name, description=s.description, input_schema=input_schema(s)) for s in runner.specs]
+    gate = approvals if approvals is not None else McpApprovals()
 
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=listed)
 
-    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        return call_result(await runner.call(params.name, params.arguments or {}))
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult | \
+            types.InputRequiredResult:
+        arguments = params.arguments or {}
+        request = gate.request_for(runner, params.name, arguments, f"mcp-{ctx.request_id}")
+        if request is not None:
+            answer = await gate.settle(ctx, request, params)
+            if isinstance(answer, types.InputRequiredResult):
+                return answer  # 2026-07-28: the client asks its user and sends the call again
+            if answer is not None:
+                return call_result(answer)  # refused: the tool does not run
+        return call_result(await runner.call(params.name, arguments))
 
     return Server(SERVER_NAME, version=version, instructions=INSTRUCTIONS, on_list_tools=list_tools,
                   on_call_tool=call_tool)
@@ -180,13 +196,14 @@ def _message_problem(line: bytes) -> tuple[object, int, str] | None:
     return request_id, -32600, f"invalid request: {what}"
 
 
-async def serve_stdio(runner: ToolRunner, *, stdin: Any = None, stdout: Any = None) -> None:
+async def serve_stdio(runner: ToolRunner, *, approvals: McpApprovals | None = None, stdin: Any = None,
+                      stdout: Any = None) -> None:
     """Serve ``runner``'s tools on stdin/stdout (or the given binary ``stdin`` and text
     ``stdout`` files) until stdin closes. Anything else in this process that prints to
     fd 1 meanwhile goes to stderr, not onto the wire."""
     from mcp.server.stdio import stdio_server
 
-    server = build_server(runner)
+    server = build_server(runner, approvals=approvals)
     restore: Callable[[], None] | None = None
     if stdout is None:
         sys.stdout.flush()
@@ -234,12 +251,13 @@ def require_token(app: ASGIApp, token: str) -> ASGIApp:
     return guarded
 
 
-def http_app(runner: ToolRunner, *, token: str, host: str = "127.0.0.1") -> ASGIApp:
+def http_app(runner: ToolRunner, *, token: str, host: str = "127.0.0.1",
+             approvals: McpApprovals | None = None) -> ASGIApp:
     """The streamable-HTTP ASGI app at :data:`MCP_PATH`, behind :func:`require_token`.
     On a loopback host the SDK also refuses other Host/Origin headers (DNS rebinding)."""
     if not token:
         raise ValueError("the HTTP transport needs a token")
-    server = build_server(runner)
+    server = build_server(runner, approvals=approvals)
     app = server.streamable_http_app(streamable_http_path=MCP_PATH, host=host, json_response=False)
     return require_token(app, token)
 
@@ -255,6 +273,7 @@ class HttpListening:
 
 
 async def serve_http(runner: ToolRunner, *, host: str, port: int, token: str,
+                     approvals: McpApprovals | None = None,
                      on_listening: Callable[[HttpListening], None] | None = None) -> None:
     """Serve over streamable HTTP until cancelled (or SIGINT/SIGTERM, which uvicorn handles)."""
     import uvicorn
@@ -262,9 +281,11 @@ async def serve_http(runner: ToolRunner, *, host: str, port: int, token: str,
     from backend.net import bind_socket
 
     sock = bind_socket(host, port)
+    sock.listen(2048)  # before the URL is announced: a client that connects at once queues, not refused
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{sock.getsockname()[1]}{MCP_PATH}"
-    config = uvicorn.Config(http_app(runner, token=token, host=host), log_level="warning", lifespan="on")
+    app = http_app(runner, token=token, host=host, approvals=approvals)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     if on_listening is not None:
         on_listening(HttpListening(url, token))

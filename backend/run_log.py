@@ -10,7 +10,9 @@ every event through the server's :class:`backend.db.writer.EventWriter` (each
 committed before it is shown), and its status (``running``, then ``idle``). So
 ``flywheel sessions list|show|export`` show it with no server, and
 ``flywheel replay`` (a server on the same data directory) views, re-executes
-and branches it.
+and branches it. The specs of its external tools (``flywheel run --mcp``) are
+kept in its ``source`` (``external_tools``), so a re-execution answers their
+calls from the recording, with no server up, as for a server session.
 
 While it runs the process holds ``DATA_DIR/runs/ID.lock`` (``flock``); a
 server that starts meanwhile sees the lock (:func:`run_in_progress`) and does
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from agent.events import Event
 
 if TYPE_CHECKING:
+    from tools.base import ToolSpec
     from backend.db.log import SessionLog
     from backend.db.writer import EventWriter
     from backend.settings import Settings
@@ -109,10 +113,14 @@ class RunRecorder:
         return WorkspaceStore(self.settings.data_dir / "workspaces")
 
     def start(self, workspace: Workspace, *, title: str, source: dict[str, Any], policy: dict[str, Any],
-              approval_mode: str, kept_in: Path | None) -> None:
-        """Create the session (status ``running``) and take its lock."""
+              approval_mode: str, kept_in: Path | None, external_tools: Sequence[ToolSpec] = ()) -> None:
+        """Create the session (status ``running``) and take its lock. ``external_tools``: the
+        specs of the session's tools from outside (``--mcp``), kept in its ``source`` as a
+        server session keeps them, so a re-execution answers their calls from the recording
+        (:mod:`agent.recorded_tools`) instead of reporting unknown tools."""
         import fcntl
 
+        from agent.recorded_tools import spec_record
         from backend.db.writer import EventWriter
 
         path = _lock_path(self.settings.data_dir, self.session_id)
@@ -124,6 +132,8 @@ class RunRecorder:
             source["approval_mode"] = approval_mode
         if kept_in is not None:
             source["workspace_store"] = str(kept_in)
+        if external_tools:
+            source["external_tools"] = [spec_record(spec) for spec in external_tools]
         self.log.save_snapshot(workspace.base)
         self.log.create_session(
             id=self.session_id, owner=RUN_OWNER, title=title[:200], source=source,

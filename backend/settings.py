@@ -1,8 +1,9 @@
 """Settings read from ``FLYWHEEL_*`` env vars: the only place the packages read them.
 
 * :class:`ClientSettings`: the terminal commands (``flywheel chat``, ``flywheel replay``,
-  and the policy and approval mode of ``flywheel run``): ``FLYWHEEL_SERVER``,
-  ``FLYWHEEL_TOKEN``, ``FLYWHEEL_POLICY``, ``FLYWHEEL_APPROVAL_MODE``, each also read from the
+  and the policy and approval mode of ``flywheel run``, and ``flywheel mcp``'s approval mode):
+  ``FLYWHEEL_SERVER``, ``FLYWHEEL_TOKEN``, ``FLYWHEEL_POLICY``, ``FLYWHEEL_APPROVAL_MODE``,
+  ``FLYWHEEL_MCP_APPROVAL_MODE``, each also read from the
   config file (:func:`config_path`, TOML). Command-line flags override the environment,
   which overrides the config file.
 * :class:`LocalSettings`: what every driver that runs sessions on this machine shares
@@ -113,6 +114,9 @@ class ClientSettings(_FlywheelEnv):
     approval_mode: ApprovalMode = Field(
         "auto", description="ask-commands (ask before running a command), ask-edits (before editing a file or "
         "running a command) or auto (never ask)")
+    mcp_approval_mode: ApprovalMode = Field(
+        "ask-edits", description="`flywheel mcp`: what the MCP client's user is asked before a call (the same "
+        "modes; asked with MCP elicitation); auto lets the client decide")
 
     @field_validator("policy", mode="before")
     @classmethod

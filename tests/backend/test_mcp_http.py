@@ -37,7 +37,7 @@ def served(tmp_path: Path) -> Path:
 
 
 async def test_the_official_client_lists_and_calls_every_tool_with_the_token(served: Path) -> None:
-    with http_server(served) as srv:
+    with http_server(served, "--approval-mode", "auto") as srv:
         assert srv.url.startswith("http://127.0.0.1:") and srv.token == TOKEN
         async with create_mcp_http_client(headers={"Authorization": f"Bearer {TOKEN}"}) as http, \
                 Client(streamable_http_client(srv.url, http_client=http), mode="legacy") as client:
@@ -106,7 +106,7 @@ def test_bad_flags_are_one_line_errors(served: Path) -> None:
 async def test_a_flywheel_session_uses_flywheel_mcp_as_an_external_server(served: Path, tmp_path: Path) -> None:
     """Flywheel's own client (tools.mcp_client) on flywheel mcp: byte-exact text parameters
     survive the round trip, and the scripted policy's calls are recorded like any other."""
-    with http_server(served) as srv:
+    with http_server(served, "--approval-mode", "auto") as srv:
         config = McpServerConfig("fw", url=srv.url, headers={"Authorization": f"Bearer {TOKEN}"})
         async with await connect_mcp_servers([config]) as toolset:
             assert toolset.failures == {}

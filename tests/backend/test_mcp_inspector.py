@@ -34,9 +34,10 @@ def inspector(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           cwd=tmp_path)
 
 
-def stdio_target(served: Path) -> list[str]:
+def stdio_target(served: Path, mode: str = "auto") -> list[str]:
     env = [x for k, v in child_env().items() for x in ("-e", f"{k}={v}")]
-    return [*env, "--cwd", str(REPO), sys.executable, "-m", "backend.cli", "mcp", "--workspace", str(served)]
+    return [*env, "--cwd", str(REPO), sys.executable, "-m", "backend.cli", "mcp", "--workspace", str(served),
+            "--approval-mode", mode]
 
 
 def output(done: subprocess.CompletedProcess[str]) -> Any:
@@ -63,8 +64,15 @@ def test_inspector_over_stdio_lists_calls_and_sees_errors(tmp_path: Path, served
     result = output(read)
     assert result["isError"] is False and result["content"] == [{"type": "text", "text": "    2\t    return a - b\n"}]
     assert result["structuredContent"]["data"]["start_line"] == 2
-    edit = inspector(tmp_path, *stdio_target(served), "--method", "tools/call", "--tool-name", "edit_file",
-                     "--tool-arg", "path=app.py", "--tool-arg", "search=a - b", "--tool-arg", "replace=a + b")
+    edit_args = ("--method", "tools/call", "--tool-name", "edit_file", "--tool-arg", "path=app.py",
+                 "--tool-arg", "search=a - b", "--tool-arg", "replace=a + b")
+    # The Inspector's CLI does not take elicitation: in the default mode (ask-edits) the edit is
+    # refused with a result that says how to let the client decide, and nothing is written.
+    asked = inspector(tmp_path, *stdio_target(served, "ask-edits"), *edit_args)
+    assert asked.returncode != 0 and '"isError": true' in asked.stdout, asked.stdout
+    assert "does not support elicitation" in asked.stdout and "--approval-mode auto" in asked.stdout
+    assert (served / "app.py").read_text() == "def add(a, b):\n    return a - b\n"
+    edit = inspector(tmp_path, *stdio_target(served), *edit_args)
     assert edit.returncode == 0, edit.stderr
     assert (served / "app.py").read_text() == "def add(a, b):\n    return a + b\n"
     outside = inspector(tmp_path, *stdio_target(served), "--method", "tools/call", "--tool-name", "read_file",
@@ -75,7 +83,11 @@ def test_inspector_over_stdio_lists_calls_and_sees_errors(tmp_path: Path, served
 
 
 def test_inspector_over_http_needs_the_token(tmp_path: Path, served: Path) -> None:
-    with http_server(served) as srv:
+    with http_server(served, "--approval-mode", "ask-commands") as srv:
+        refused = inspector(tmp_path, srv.url, "--transport", "http", "--header", f"Authorization: Bearer {TOKEN}",
+                            "--method", "tools/call", "--tool-name", "run_command", "--tool-arg", "command=echo hi")
+        assert refused.returncode != 0 and "does not support elicitation" in refused.stdout, refused.stdout
+    with http_server(served, "--approval-mode", "auto") as srv:
         ok = inspector(tmp_path, srv.url, "--transport", "http", "--header", f"Authorization: Bearer {TOKEN}",
                        "--method", "tools/call", "--tool-name", "run_command", "--tool-arg", "command=echo hi; pwd")
         assert ok.returncode == 0, ok.stderr

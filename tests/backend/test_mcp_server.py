@@ -87,7 +87,7 @@ async def test_every_tool_over_stdio_gives_what_the_agent_gets(tmp_path: Path, i
     expected = await agent_results(tmp_path, index_dir)
     served = make_src(tmp_path / "served")
     got: list[tuple[bool, str]] = []
-    async with Client(stdio_params(served, "--semantic-search", FLYWHEEL_INDEX_DIR=str(index_dir)),
+    async with Client(stdio_params(served, "--semantic-search", "--approval-mode", "auto", FLYWHEEL_INDEX_DIR=str(index_dir)),
                       mode="legacy") as client:
         listed = {t.name: t for t in (await client.list_tools()).tools}
         assert set(listed) == {"read_file", "list_dir", "glob", "grep", "edit_file", "write_file", "run_command",
@@ -120,7 +120,7 @@ class RawStdio:
     """``flywheel mcp`` with our own pipes: write any bytes, read JSON lines."""
 
     def __init__(self, workspace: Path) -> None:
-        self.proc = subprocess.Popen(flywheel_mcp_argv(workspace), cwd=REPO, env={**os.environ, **child_env()},
+        self.proc = subprocess.Popen(flywheel_mcp_argv(workspace, "--approval-mode", "auto"), cwd=REPO, env={**os.environ, **child_env()},
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def send(self, data: bytes) -> None:
@@ -196,7 +196,7 @@ async def test_a_call_the_client_gives_up_on_is_cancelled_and_its_command_killed
     from mcp import MCPError
 
     served = make_src(tmp_path / "served")
-    async with Client(stdio_params(served), mode="legacy") as client:
+    async with Client(stdio_params(served, "--approval-mode", "auto"), mode="legacy") as client:
         with pytest.raises(MCPError, match="timed out"):
             await client.call_tool("run_command", {"command": "sleep 3 && touch late.txt"}, read_timeout_seconds=1)
         await asyncio.sleep(3.5)

@@ -101,3 +101,36 @@ def test_a_server_leaves_a_run_in_progress_open(tmp_path: Path) -> None:
     with ServerProcess(data_dir=data) as srv:  # once the run is gone (killed), its turn is closed
         with srv.client() as c:
             assert c.get(f"/v1/sessions/{recorder.session_id}").json()["status"] == "idle"
+
+
+@pytest.mark.timeout(240)
+def test_a_run_with_external_mcp_tools_reexecutes_them_from_the_recording(
+        tmp_path: Path, project: tuple[Path, Path]) -> None:
+    """`flywheel run --mcp` keeps the external tools' specs in the session's source, so a
+    re-execution (by a server with no MCP server configured) answers their calls from the
+    recording: nothing differs, and nothing is reported as an unknown tool."""
+    src, _ = project
+    tiny = Path(__file__).parents[1] / "tools" / "mcp_servers" / "tiny.py"
+    script = tmp_path / "mcp.json"
+    script.write_text(json.dumps([call("mcp__tiny__counter", {}) + call("mcp__tiny__add", {"a": "2", "b": "3"})
+                                  + call("read_file", {"path": "app.py"}), "done"]))
+    data = tmp_path / "data"
+    r = flywheel("run", "--workspace", str(src), "--policy", f"scripted:{script}", "--mcp",
+                 f"tiny={sys.executable} {tiny}", "--json", "--discard", "count", data=data)
+    assert r.returncode == 0, r.stderr
+    results = {e["name"]: e for e in map(json.loads, r.stdout.splitlines()) if e["type"] == "tool_result"}
+    assert (results["mcp__tiny__counter"]["output"], results["mcp__tiny__add"]["output"]) == ("call 1", "5")
+    sid = r.stderr.split("recorded as session ")[1].split()[0]
+    (row,) = [json.loads(line) for line in flywheel("sessions", "list", "--json", data=data).stdout.splitlines()]
+    recorded = {t["name"]: t for t in row["source"]["external_tools"]}
+    assert {"mcp__tiny__counter", "mcp__tiny__add", "mcp__tiny__echo"} <= set(recorded)
+    assert [p["name"] for p in recorded["mcp__tiny__add"]["params"]] == ["a", "b"]
+    with ServerProcess(data_dir=data, allow_roots=[src]) as srv:  # its tool set has no mcp__tiny__* tools
+        with srv.client() as c:
+            report = c.post(f"/v1/sessions/{sid}/reexecute").json()
+        assert report["counts"] == {"same": 1, "differs": 0, "missing": 0, "extra": 0, "recorded": 2}, report
+        assert {x["name"]: x["status"] for x in report["calls"]} == {
+            "mcp__tiny__counter": "recorded", "mcp__tiny__add": "recorded", "read_file": "same"}
+        again = flywheel("replay", sid, "--reexecute", data=data, FLYWHEEL_SERVER=srv.url, FLYWHEEL_TOKEN=srv.token)
+        assert again.returncode == 0, again.stderr
+        assert "1 same, 0 differ, 0 missing, 0 extra, 2 from the recording" in again.stdout, again.stdout
