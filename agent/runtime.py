@@ -12,7 +12,10 @@ A session is assembled from Protocol-typed parts (:mod:`tools.protocols`):
 * the policy and its limits (defaults for the session; a turn may override
   both, ``Session.run_turn(policy=, limits=)``);
 * the prompt profile, by default the policy's own (``policy.prompt_profile``,
-  which a local checkpoint carries) or :data:`agent.prompt.DEFAULT_PROFILE`.
+  which a local checkpoint carries) or :data:`agent.prompt.DEFAULT_PROFILE`;
+  a policy that learns its profile at first use (``prompt_profile`` None and a
+  ``resolve_prompt_profile()`` coroutine: an OpenAI-compatible server in
+  completions mode) is asked by the session before its first prompt.
 
 The tool set is derived from the parts (:func:`session_tools`), so a model is
 never told about a tool its session cannot run, and two drivers given the
@@ -72,11 +75,15 @@ def session_tools(parts: SessionParts) -> list[Tool]:
     return tools
 
 
-def prompt_profile_for(policy: Policy, profile: PromptProfile | None = None) -> PromptProfile:
-    """``profile`` if given, else the policy's own (``policy.prompt_profile``), else the default."""
+def prompt_profile_for(policy: Policy, profile: PromptProfile | None = None) -> PromptProfile | None:
+    """``profile`` if given, else the policy's own (``policy.prompt_profile``), else the default;
+    None for a policy that learns its own at first use (``resolve_prompt_profile``: the session
+    awaits it before rendering its first prompt)."""
     if profile is not None:
         return profile
     own = getattr(policy, "prompt_profile", None)
+    if own is None and callable(getattr(policy, "resolve_prompt_profile", None)):
+        return None
     return own if isinstance(own, PromptProfile) else DEFAULT_PROFILE
 
 

@@ -161,7 +161,7 @@ class Session:
         sandbox: Sandbox | None = None,
         limits: Limits = Limits(),
         session_id: str | None = None,
-        profile: PromptProfile = DEFAULT_PROFILE,
+        profile: PromptProfile | None = DEFAULT_PROFILE,
         conversation: Sequence[Message] = (),
         next_seq: int = 1,
         turns_done: int = 0,
@@ -185,7 +185,9 @@ class Session:
         self.ctx = ToolContext(workspace=workspace, sandbox=sandbox, search_index=search_index)
         self._limits = limits
         self._turn_limits: Limits | None = None
-        self.profile = profile
+        # None: the default policy's own, which it learns at first use (its resolve_prompt_profile(),
+        # awaited before the first prompt is rendered: an OpenAI-compatible server's published profile).
+        self.profile: PromptProfile | None = profile
         self.conversation: list[Message] = list(conversation)
         self._seq = next_seq - 1
         self._turn = turns_done
@@ -343,6 +345,8 @@ class Session:
         normally (raw text, token ids and logprobs streamed so far), only its
         ``finish_reason`` differs (``aborted`` or ``error``).
         """
+        if self.profile is None:  # raises PolicyError when the policy cannot learn it: the turn ends in error
+            self.profile = await self._policy.resolve_prompt_profile()  # type: ignore[attr-defined]
         prompt = render_prompt(self.conversation, self.specs, profile=self.profile)
         parser = StreamParser()
         hooks = _CallHooks(self)

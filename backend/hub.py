@@ -10,6 +10,12 @@ follows its events in the same commits (a turn's first event: running; its
 slow" reason) and can reconnect from the last ``seq`` it saw; nobody else
 waits for it.
 
+One turn at a time: a message while a turn runs is refused (409), but a turn
+counts as ended from the moment its ``turn_end`` is handed to the writer, so a
+message sent the moment a client sees it (over the socket or in ``GET /events``)
+waits the few loop iterations the finished turn's task needs to tear down
+(it may evict the session: the message then loads it again) and starts the next turn.
+
 Reconnect is lossless: :meth:`Hub.stream_stored` registers the queue *before*
 reading the backlog from the log, so every event is either in the backlog or
 in the queue (duplicates are dropped by ``seq``).
@@ -151,11 +157,19 @@ class LiveSession:
     subscribers: set[Subscriber] = field(default_factory=set)
     turn_task: asyncio.Task[Any] | None = None
     cancelled: bool = False
-    turn_ended: bool = False  # the running turn has emitted turn_end (only bookkeeping is left)
+    # The running turn's turn_end is being stored or stored: only its teardown is left, and a
+    # new message waits for that instead of being refused (Hub._idle_live).
+    turn_ended: bool = False
 
     @property
     def running(self) -> bool:
+        """A task holds the turn slot (a turn, or a revert), ended or not."""
         return self.turn_task is not None and not self.turn_task.done()
+
+    @property
+    def busy(self) -> bool:
+        """A turn is running that has not ended: a new message is refused."""
+        return self.running and not self.turn_ended
 
 
 class _PersistThenBroadcast:
@@ -167,10 +181,15 @@ class _PersistThenBroadcast:
         # Durable before anyone sees it; clients get what was stored (an error
         # event in place of one the log could not store, same seq), encoded
         # once: every subscriber is offered the same StoredEvent (one JSON line).
+        if isinstance(event, TurnEnd):
+            # Before the append, not after: the commit makes turn_end visible (GET /events) a few
+            # loop iterations before this coroutine resumes, and a client may send its next
+            # message the moment it sees it. From here on the turn counts as ended.
+            ending = self.hub.live.get(self.session_id)
+            if ending is not None:
+                ending.turn_ended = True
         stored = await self.hub.writer.append(event)
         live = self.hub.live.get(self.session_id)
-        if live is not None and isinstance(event, TurnEnd):
-            live.turn_ended = True  # a client may send its next message the moment it sees this
         if live is not None:
             for sub in list(live.subscribers):
                 sub.offer(stored)
@@ -320,7 +339,7 @@ class Hub:
                 limits=self.limits, sink=_PersistThenBroadcast(self, info.id), session_id=info.id, history=h,
                 approval_mode=approval_mode_of(info), approver=approvals,
             )
-            live = LiveSession(info, session, workspace, approvals)
+            live = LiveSession(info, session, workspace, approvals, cancelled=info.status == "cancelled")
             self.live[info.id] = live
             return live
 
@@ -419,17 +438,30 @@ class Hub:
         """Start a turn; refuses (409) while one is running or when cancelled."""
         if info.status == "cancelled":
             raise HubError(409, "this session was cancelled; create a new one or branch it")
-        live = await self.get_live(info)
-        if live.running and live.turn_ended and live.turn_task is not None:
-            await asyncio.wait([live.turn_task])  # its turn_end is out; only the status update is left
-        if live.running:
-            raise HubError(409, "a turn is already running in this session; interrupt it first")
+        live = await self._idle_live(info, "a turn is already running in this session; interrupt it first")
         if live.cancelled:
             raise HubError(409, "this session was cancelled; create a new one or branch it")
-        # No await between the check above and this line: two messages that
+        # No await between _idle_live's check and this line: two messages that
         # arrive together cannot both start a turn.
         live.turn_ended = False
         live.turn_task = asyncio.create_task(self._turn(live, text), name=f"hub-turn:{info.id}")
+
+    async def _idle_live(self, info: SessionInfo, busy: str) -> LiveSession:
+        """The live session, with its turn slot free: refuses (409, ``busy``) while a turn runs
+        that has not ended. A turn whose ``turn_end`` is out is waited for (its task tears
+        down in a few loop iterations, and may evict the session: it is then loaded again),
+        so a message sent the moment a client sees ``turn_end`` is accepted. The caller
+        takes the slot (sets ``turn_task``) without awaiting anything first."""
+        while True:
+            live = await self.get_live(info)
+            task = live.turn_task
+            if task is None or task.done():
+                return live
+            if not live.turn_ended:
+                raise HubError(409, busy)
+            await asyncio.wait([task])
+            if self.live.get(info.id) is not live:  # evicted: load it again as the log now has it
+                info = await asyncio.to_thread(self.log.get_session, info.id) or info
 
     async def _turn(self, live: LiveSession, text: str | None, *, policy: Policy | None = None) -> None:
         """Run one turn (``policy``: this turn's only, e.g. a branch's recorded steps then
@@ -486,11 +518,8 @@ class Hub:
         search index, and append ``record(edit)`` to the stream; returns both. 409 while a turn
         runs or when the file is not changed, 410 when the workspace is gone. A message sent
         while the revert writes waits for it (the revert holds the session's turn slot)."""
-        live = await self.get_live(info)
-        if live.running and live.turn_ended and live.turn_task is not None:
-            await asyncio.wait([live.turn_task])  # its turn_end is out; only the status update is left
-        if live.running:
-            raise HubError(409, "a turn is running in this session; revert once it has ended (or interrupt it)")
+        live = await self._idle_live(info, "a turn is running in this session; revert once it has ended "
+                                           "(or interrupt it)")
 
         async def work() -> tuple[FileEdit, Event]:
             try:
@@ -509,8 +538,10 @@ class Hub:
             await self._evict_if_unused(live)
 
     async def interrupt(self, info: SessionInfo) -> bool:
+        """Interrupt the session's turn and wait for it to end; False when no turn runs (one
+        whose ``turn_end`` is out has ended: there is nothing left to interrupt)."""
         live = self.live.get(info.id)
-        if live is None or not live.running:
+        if live is None or not live.busy:
             return False
         await self._stop(live, "interrupted")
         return True
@@ -520,10 +551,12 @@ class Hub:
         """Interrupt the session's turn and wait for it to end. The hub's turn task may
         not have started the session's turn yet (it records the status first): an
         interrupt then finds nothing to stop, so it is repeated until it lands. A turn
-        waiting for an approval would otherwise wait for ever."""
+        waiting for an approval would otherwise wait for ever. A turn whose ``turn_end``
+        is out is only waited for (an interrupt must not cut its teardown short)."""
         task = live.turn_task
         while task is not None and not task.done():
-            live.session.interrupt(reason=reason)
+            if not live.turn_ended:
+                live.session.interrupt(reason=reason)
             await asyncio.wait([task], timeout=0.02)
 
     async def cancel(self, info: SessionInfo) -> None:

@@ -127,9 +127,9 @@ async def run_session(sid: str, server: Server, turns: int, stats: Stats, recv_t
                     ev = json.loads(raw)
                     if ev.get("type") == "request_error":
                         if ev.get("status") == 409 and t > 1 and not started and not strict:
-                            # The server refuses a message sent right after turn_end while the finished
-                            # turn's task is still winding down (a server race, see the JSON's
-                            # "busy_retries"); a client can only retry. --strict counts it as an error.
+                            # A message sent right after turn_end must be accepted (the hub waits for the
+                            # finished turn's teardown, backend.hub); a 409 here is that race coming back.
+                            # --no-strict retries and counts it ("busy_retries"); --strict, an error.
                             stats.busy_retries += 1
                             await asyncio.sleep(0.005)
                             await ws.send(message)
@@ -244,8 +244,9 @@ async def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "errors": sum(stats.errors.values()),
         "busy_retries": stats.busy_retries,
         "busy_retries_note": "409 'a turn is already running' answered to a user_message sent right after the "
-                             "previous turn_end (a server race: the finished turn's task still winding down); "
-                             "retried after 5 ms; counted as errors with --strict (the default)",
+                             "previous turn_end: must be 0 (the server waits for the finished turn's teardown "
+                             "instead of refusing); with --no-strict retried after 5 ms and counted here, with "
+                             "--strict (the default) counted as errors",
         "errors_by_kind": dict(stats.errors),
         "error_samples": stats.samples,
         "server_rss_mb": {

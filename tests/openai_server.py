@@ -8,24 +8,39 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class ScriptedChatServer:
+    """``models``: the entries ``GET /v1/models`` lists (None: no such route, a 404), answered
+    after ``models_delay_s`` (on the server's thread). ``requests`` are the POSTs;
+    ``model_lists`` counts the GETs."""
+
     def __init__(self, outputs: Sequence[str], *, chunk_chars: int = 7, status: int = 200,
-                 api_key: str | None = None):
+                 api_key: str | None = None, models: list[dict] | None = None, models_delay_s: float = 0.0):
         self.outputs = list(outputs)
         self.chunk_chars = chunk_chars
         self.status = status
         self.api_key = api_key
+        self.models = models
+        self.models_delay_s = models_delay_s
         self.requests: list[dict] = []
+        self.model_lists = 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:  # keep test output clean
                 pass
+
+            def do_GET(self) -> None:
+                server.model_lists += 1
+                if self.path != "/v1/models" or server.models is None:
+                    return self._json(404, {"error": {"message": "not found"}})
+                time.sleep(server.models_delay_s)
+                self._json(200, {"object": "list", "data": server.models})
 
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

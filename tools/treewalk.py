@@ -277,12 +277,7 @@ def remove_tree(dir_fd: int, name: str) -> None:
                     continue
                 sub = _open_dir(top, entry)
                 try:
-                    with os.scandir(sub) as it:
-                        children = [(c.name, c.is_dir(follow_symlinks=False)) for c in it]
-                    for child, is_dir in children:
-                        if not is_dir:
-                            os.unlink(child, dir_fd=sub)
-                            continue
+                    for child in _unlink_files(sub):
                         try:  # moved up: removed by a later pass, with no recursion
                             os.rename(child, f".fw-rm-{secrets.token_hex(8)}", src_dir_fd=sub, dst_dir_fd=top)
                         except OSError as exc:
@@ -308,15 +303,11 @@ def _remove_in_place(dir_fd: int, name: str) -> None:
     def enter(parent: int, entry: str) -> None:
         fd = _open_dir(parent, entry)
         try:
-            with os.scandir(fd) as it:
-                children = [(c.name, c.is_dir(follow_symlinks=False)) for c in it]
-            for child, is_dir in children:
-                if not is_dir:
-                    os.unlink(child, dir_fd=fd)
+            subdirs = _unlink_files(fd)
         except BaseException:
             os.close(fd)
             raise
-        stack.append((parent, entry, fd, iter(sorted(c for c, d in children if d))))
+        stack.append((parent, entry, fd, iter(sorted(subdirs))))
 
     enter(dir_fd, name)
     try:
@@ -332,6 +323,20 @@ def _remove_in_place(dir_fd: int, name: str) -> None:
     finally:
         for _, _, fd, _ in stack:
             os.close(fd)
+
+
+def _unlink_files(fd: int) -> list[str]:
+    """Unlink every entry of the directory ``fd`` that is not a directory (a link is
+    unlinked, never followed); return the names of its subdirectories, in scan order."""
+    with os.scandir(fd) as it:
+        children = [(c.name, c.is_dir(follow_symlinks=False)) for c in it]
+    subdirs: list[str] = []
+    for child, is_dir in children:
+        if is_dir:
+            subdirs.append(child)
+        else:
+            os.unlink(child, dir_fd=fd)
+    return subdirs
 
 
 def _open_dir(dir_fd: int, name: str) -> int:

@@ -76,99 +76,33 @@ the other sequences' next token by its duration) and speculative decoding.
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import torch
 
+from agent.model.generation import (
+    Completion, EngineError, EngineState, EngineStats, FinishInfo, FinishReason, GeneratedPiece, GenerationRequest,
+    PromptTooLong, check_request,
+)
+from agent.model.model_runner import ModelRunner
 from agent.model.prefix_cache import Placement, SlotTable
-from agent.model.sampling import TextStream, sample
+from agent.model.sampling import TextStream
 from agent.model.tokenizer import SPECIAL_TOKENS
+
+__all__ = [
+    "END_TOKENS", "Completion", "Engine", "EngineError", "EngineState", "EngineStats", "FinishInfo", "FinishReason",
+    "GeneratedPiece", "GenerationRequest", "PromptTooLong",
+]
 
 log = logging.getLogger(__name__)
 
-FinishReason = Literal["stop", "length"]
 END_TOKENS = SPECIAL_TOKENS  # every special token ends a sequence (see the module docstring)
-
-
-class EngineError(Exception):
-    """A request the engine cannot serve (bad parameters, prompt too long, engine stopped)."""
-
-
-class PromptTooLong(EngineError):
-    """The prompt leaves no room in the sequence for even one generated token."""
-
-
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    prompt_ids: list[int]
-    max_tokens: int = 256
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)  # on decoded text; the stop text is not emitted
-    seed: int | None = None  # None: a random seed
-    return_routes: bool = False  # report MoE routes on the last piece (needs record_routes)
-    routes_from: int = 0  # ... for positions from here on (earlier ones the caller already has)
-
-
-@dataclass(frozen=True, slots=True)
-class GeneratedPiece:
-    """One sampled token's worth of output. ``text`` may be empty (held back:
-    a partial UTF-8 character or a possible stop prefix) and the last piece
-    may carry only held-back text; ``finish_reason`` and ``info`` are set on the last piece."""
-
-    text: str
-    token_ids: tuple[int, ...] = ()
-    logprobs: tuple[float, ...] = ()
-    finish_reason: FinishReason | None = None
-    info: FinishInfo | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FinishInfo:
-    """What a finished request cost and which weights and experts served it.
-
-    ``routes``: for positions ``routes_from .. prompt_tokens + generated - 2``
-    (every token the model consumed from ``routes_from`` on), the expert ids
-    per MoE layer, ``[n][n_layers][top_k]``; None unless requested."""
-
-    prompt_tokens: int
-    cached_tokens: int  # prompt tokens whose keys/values were reused, not computed
-    weights_version: int
-    routes: list[list[list[int]]] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Completion:
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: FinishReason
-    prompt_tokens: int
-    info: FinishInfo | None = None
-
-
-@dataclass(slots=True)
-class EngineStats:
-    prefills: int = 0
-    prefill_tokens: int = 0
-    decode_steps: int = 0
-    decode_tokens: int = 0
-    max_batch: int = 0  # most sequences decoded in one forward
-    prompt_tokens: int = 0  # prompt tokens admitted (computed + cached)
-    cached_tokens: int = 0  # prompt tokens reused from the prefix cache
-
-
-class EngineState(enum.Enum):
-    NEW = "new"
-    RUNNING = "running"
-    STOPPED = "stopped"
 
 
 class _Sequence:
@@ -195,19 +129,17 @@ class Engine:
         self, model: torch.nn.Module, tokenizer: Any, *, max_slots: int = 32, max_len: int | None = None,
         device: str | torch.device = "cpu", prefix_cache: bool = True, record_routes: bool = True,
     ):
-        from agent.model.transformer import KVCache
-
-        self.model = model.to(device).eval()
         self.tokenizer = tokenizer
-        self.cfg = model.cfg
-        self.device = torch.device(device)
         self.max_slots = max_slots
-        self.max_len = max_len or self.cfg.max_seq_len
+        self.max_len = max_len or model.cfg.max_seq_len
+        # the model, its KV cache and the recorded routes: the forward runs on the worker thread
+        self.runner = ModelRunner(model, max_slots=max_slots, max_len=self.max_len, device=device,
+                                  record_routes=record_routes)
+        self.model, self.cfg, self.device, self.cache = (self.runner.model, self.runner.cfg, self.runner.device,
+                                                         self.runner.cache)
         # equal-length prompts are prefilled together up to this many tokens per forward
         # (the forward materialises [B, T, vocab] logits, so this bounds its memory)
         self.max_prefill_tokens = max(4096, self.max_len)
-        dtype = next(model.parameters()).dtype
-        self.cache = KVCache(self.cfg, max_slots, self.max_len, dtype=dtype, device=self.device)
         self._end_text = {i: t for t, i in ((t, _token_id(tokenizer, t)) for t in END_TOKENS) if i is not None}
         self.end_ids = frozenset(self._end_text)
         # a marker spelled out of ordinary tokens decodes to the same text: stop there too
@@ -217,11 +149,6 @@ class Engine:
         self.prefix_cache = prefix_cache
         self.slots = SlotTable(max_slots, enabled=prefix_cache)
         self.weights_version = 0
-        # expert ids per cached position (int16: n_experts < 32768); routes of copied prefixes are copied too
-        self._routes = (
-            torch.zeros(max_slots, self.max_len, self.cfg.n_layers, self.cfg.top_k, dtype=torch.int16)
-            if record_routes else None
-        )
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []
         self._wake = asyncio.Event()
@@ -279,24 +206,13 @@ class Engine:
         Raises :class:`EngineError` if the state dict does not fit the model
         (nothing is loaded then: ``load_state_dict`` checks keys before copying,
         and shapes are checked here first)."""
-        own = self.model.state_dict()
-        missing = sorted(set(own) - set(state_dict))
-        unexpected = sorted(set(state_dict) - set(own))
-        wrong = sorted(k for k in own.keys() & state_dict.keys() if tuple(own[k].shape) != tuple(state_dict[k].shape))
-        if missing or unexpected or wrong:
-            raise EngineError(
-                f"weights do not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}, "
-                f"wrong shape {wrong[:5]}"
-            )
-
-        def load() -> None:
-            with torch.no_grad():
-                self.model.load_state_dict(state_dict)
-
+        problem = self.runner.weights_problem(state_dict)
+        if problem is not None:
+            raise EngineError(problem)
         if self._worker is not None and self.state is EngineState.RUNNING:
-            await asyncio.get_running_loop().run_in_executor(self._worker, load)
+            await asyncio.get_running_loop().run_in_executor(self._worker, self.runner.load, state_dict)
         else:
-            load()
+            self.runner.load(state_dict)
         self.weights_version = version
         self.slots.invalidate()
 
@@ -363,27 +279,8 @@ class Engine:
 
     def check(self, r: GenerationRequest) -> None:
         """Raise :class:`EngineError` if the engine cannot serve ``r`` (also done by :meth:`generate`)."""
-        n = len(r.prompt_ids)
-        if n == 0:
-            raise EngineError("the prompt is empty: give at least one token")
-        if n >= self.max_len:
-            raise PromptTooLong(
-                f"the prompt is {n} tokens; this engine holds {self.max_len} tokens per sequence "
-                f"(prompt + output), so prompts must be at most {self.max_len - 1}"
-            )
-        vocab = self.cfg.vocab_size
-        if any(not 0 <= t < vocab for t in r.prompt_ids):
-            raise EngineError(f"prompt token ids must be in [0, {vocab})")
-        if r.return_routes and self._routes is None:
-            raise EngineError("return_routes needs an engine built with record_routes=True")
-        if not 0 <= r.routes_from <= n:
-            raise EngineError(f"routes_from must be in [0, {n}] (the prompt's length)")
-        if r.max_tokens < 1:
-            raise EngineError("max_tokens must be at least 1")
-        if not r.temperature >= 0:
-            raise EngineError("temperature must be >= 0")
-        if not 0 < r.top_p <= 1:
-            raise EngineError("top_p must be in (0, 1]")
+        check_request(r, max_len=self.max_len, vocab_size=self.cfg.vocab_size,
+                      records_routes=self.runner.records_routes)
 
     # -- the loop ----------------------------------------------------------------
 
@@ -449,7 +346,8 @@ class Engine:
         params = [(s.request.temperature, s.request.top_p, s.generator) for s in seqs]
         slots = [s.slot for s in seqs]
         try:
-            ids, lps = await loop.run_in_executor(self._worker, self._forward, tokens, slots, params, placements)
+            ids, lps = await loop.run_in_executor(self._worker, self.runner.forward, tokens, slots, params,
+                                                  placements)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a model error fails these requests, not the engine
@@ -472,35 +370,6 @@ class Engine:
         finished = [s for s, t, lp in zip(seqs, ids, lps, strict=True) if self._accept(s, t, lp)]
         if finished:
             self._active = [s for s in self._active if s not in finished]
-
-    def _forward(
-        self, tokens: list[list[int]], slots: list[int], params: Sequence[tuple[float, float, torch.Generator]],
-        placements: list[Placement | None] | None,
-    ) -> tuple[list[int], list[float]]:
-        """Worker thread: one forward over the given slots, then sample one token per row.
-        A prefill (``placements`` given) first sets each slot to its reused prefix."""
-        with torch.inference_mode():
-            if placements is not None:  # the slot keeps (or copies) its reused prefix, nothing more
-                for p in placements:
-                    assert p is not None
-                    self.cache.keep_prefix(p.slot, p.keep, p.source)
-                    if self._routes is not None and p.source is not None and p.keep:
-                        self._routes[p.slot, : p.keep] = self._routes[p.source, : p.keep]
-            input_ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-            slot_t = torch.tensor(slots, dtype=torch.long, device=self.device)
-            start = self.cache.lengths[slot_t].tolist()
-            out = self.model(input_ids, cache=self.cache, slots=slot_t, return_routes=self._routes is not None)
-            if self._routes is not None and out.routes is not None:
-                routes = out.routes.to("cpu", torch.int16)
-                t = input_ids.shape[1]
-                for row, (slot, s0) in enumerate(zip(slots, start, strict=True)):
-                    self._routes[slot, s0 : s0 + t] = routes[row]
-            logits = out.logits[:, -1, :]
-            temperature = torch.tensor([p[0] for p in params], device=self.device)
-            top_p = torch.tensor([p[1] for p in params], device=self.device)
-            uniform = torch.cat([torch.rand(1, generator=p[2]) for p in params]).to(self.device)
-            ids, lps = sample(logits, temperature, top_p, uniform)
-            return ids.tolist(), lps.tolist()
 
     def _accept(self, seq: _Sequence, token: int, logprob: float) -> bool:
         """Record a sampled token, stream its piece; True when the sequence is over."""
@@ -531,9 +400,9 @@ class Engine:
     def _finish_info(self, seq: _Sequence) -> FinishInfo:
         r = seq.request
         routes = None
-        if r.return_routes and self._routes is not None:
+        if r.return_routes and self.runner.records_routes:
             consumed = len(r.prompt_ids) + len(seq.generated) - 1  # the last sampled token was never an input
-            routes = self._routes[seq.slot, r.routes_from : consumed].tolist()
+            routes = self.runner.routes_of(seq.slot, r.routes_from, consumed)
         keep = seq.placement.keep if seq.placement is not None else 0
         return FinishInfo(len(r.prompt_ids), keep, seq.weights_version, routes)
 

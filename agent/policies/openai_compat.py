@@ -7,15 +7,21 @@ servers return text only), exact token counts unless the server reports usage.
 
 Prompt profile (``prompt_profile``, read by the session factory): in
 ``completions`` mode the runtime renders the text the model reads, so it must
-use the profile the served checkpoint was trained with. The policy asks the
-server once, when it is built (``GET /models``, bounded by the connect
-timeout): ``flywheel policy serve`` publishes its checkpoint's profile there.
-A server that publishes none (vLLM, llama.cpp, a server without ``/models``)
-gets :data:`agent.prompt.DEFAULT_PROFILE`; pass ``prompt_profile=`` to choose
-one yourself. A published profile this version of Flywheel does not know, or
-whose fingerprint differs, is a :class:`PolicyError` — never a silent
-fallback. In ``chat`` mode nothing is asked and the profile is the default
-(the server applies its own template to the messages).
+use the profile the served checkpoint was trained with. The policy learns it
+at first use, not when it is built: the session awaits
+:meth:`OpenAICompatPolicy.resolve_prompt_profile` before it renders its first
+prompt, which asks the server once (``GET /models`` on the policy's own async
+client, bounded by the connect timeout; the event loop is never blocked):
+``flywheel policy serve`` publishes its checkpoint's profile there. Until
+then ``prompt_profile`` is None. A server that cannot be reached is a
+:class:`PolicyError` naming the URL (the turn ends in error; the next turn
+asks again). A server that publishes none (vLLM, llama.cpp, a server without
+``/models``) gets :data:`agent.prompt.DEFAULT_PROFILE`; pass
+``prompt_profile=`` to choose one yourself (nothing is asked then). A
+published profile this version of Flywheel does not know, or whose
+fingerprint differs, is a :class:`PolicyError` — never a silent fallback. In
+``chat`` mode nothing is asked and the profile is the default (the server
+applies its own template to the messages).
 
 Environment: ``FLYWHEEL_OPENAI_BASE_URL``, ``_MODEL``, ``_API_KEY`` and
 ``_API`` are read by :class:`OpenAIEnv` (pydantic-settings), only in
@@ -24,6 +30,7 @@ Environment: ``FLYWHEEL_OPENAI_BASE_URL``, ``_MODEL``, ``_API_KEY`` and
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -85,18 +92,35 @@ class OpenAICompatPolicy:
 
     def __init__(self, config: OpenAIConfig, *, transport: httpx.AsyncBaseTransport | None = None,
                  prompt_profile: PromptProfile | None = None):
-        """``prompt_profile``: None asks the server in completions mode (see the module docstring)."""
+        """No I/O. ``prompt_profile``: None in completions mode asks the server at first use
+        (:meth:`resolve_prompt_profile`; see the module docstring)."""
         self.config = config
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        if prompt_profile is None:
-            prompt_profile = discover_profile(config, headers) if config.api == "completions" else DEFAULT_PROFILE
-        self.prompt_profile: PromptProfile = prompt_profile
+        if prompt_profile is None and config.api != "completions":
+            prompt_profile = DEFAULT_PROFILE
+        # None: not learnt yet (completions mode); the session awaits resolve_prompt_profile().
+        self.prompt_profile: PromptProfile | None = prompt_profile
+        self._learning = asyncio.Lock()
         timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
         self._client = httpx.AsyncClient(
             base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
         )
 
+    async def resolve_prompt_profile(self) -> PromptProfile:
+        """The profile to render prompts with: the one given or learnt already, else the
+        server's (:func:`discover_profile`, asked once; concurrent callers share the one
+        request). Raises :class:`PolicyError` (see :func:`discover_profile`); a failure is
+        not remembered, so the next call asks again."""
+        if self.prompt_profile is not None:
+            return self.prompt_profile
+        async with self._learning:
+            if self.prompt_profile is None:
+                self.prompt_profile = await discover_profile(self._client, self.config)
+            return self.prompt_profile
+
     async def stream(self, prompt: RenderedPrompt) -> AsyncIterator[PolicyChunk]:
+        if self.config.api == "completions":
+            await self.resolve_prompt_profile()  # a caller outside a session learns it here (PolicyError)
         common = {
             "model": self.config.model,
             "stream": True,
@@ -147,10 +171,11 @@ async def _sse_chunks(response: httpx.Response, url: str) -> AsyncIterator[Polic
             yield chunk
 
 
-def discover_profile(config: OpenAIConfig, headers: dict[str, str]) -> PromptProfile:
-    """The prompt profile the server publishes for ``config.model`` (``GET /models``).
+async def discover_profile(client: httpx.AsyncClient, config: OpenAIConfig) -> PromptProfile:
+    """The prompt profile the server publishes for ``config.model`` (``GET /models`` with
+    ``client``, whose base URL and headers are the server's and its key).
 
-    Blocking, bounded by ``connect_timeout_s`` for connecting and reading.
+    Bounded by ``connect_timeout_s`` for each of connecting and reading.
     Returns :data:`DEFAULT_PROFILE` when the server publishes none (no
     ``/models`` route, no ``prompt_profile`` field). Raises :class:`PolicyError`
     when the server cannot be reached, refuses the key, or publishes a profile
@@ -158,7 +183,7 @@ def discover_profile(config: OpenAIConfig, headers: dict[str, str]) -> PromptPro
     """
     url = f"{config.base_url.rstrip('/')}/models"
     try:
-        response = httpx.get(url, headers=headers, timeout=config.connect_timeout_s)
+        response = await client.get("/models", timeout=config.connect_timeout_s)
     except httpx.HTTPError as exc:
         raise PolicyError(f"cannot reach {url} to learn the served model's prompt profile "
                           f"({type(exc).__name__}: {exc}); is the server running?") from None

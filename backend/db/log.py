@@ -1,4 +1,4 @@
-"""The session log: sessions, append-only events, snapshots, tokens.
+"""The session log: sessions, append-only events, snapshots, tokens (:mod:`backend.db.tokens`).
 
 All methods are synchronous and thread-safe (one connection per call). The
 server calls them from worker threads; event appends go through
@@ -7,8 +7,8 @@ queued in a single transaction (group commit) and only then reports each
 event as durable.
 
 Events are stored as their JSON line (:func:`agent.events.event_to_json`, the
-row's ``body``), encoded once: :class:`StoredEvent` carries that line to every
-reader -- the WebSocket sends it as it is, live or from the backlog, so all
+row's ``body``), encoded once: :class:`~backend.db.stored_event.StoredEvent`
+carries that line to every reader -- the WebSocket sends it as it is, live or from the backlog, so all
 subscribers get the same text the log holds. Appends and the hot reads use
 SQLAlchemy Core (one ``executemany`` per table and batch), not ORM objects.
 
@@ -25,10 +25,6 @@ documented trade-off for WAL mode.
 
 from __future__ import annotations
 
-import hashlib
-import math
-import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,12 +34,15 @@ from sqlalchemy import Engine, String, bindparam, case, func, insert, select, up
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
-from agent.events import ErrorEvent, Event, event_from_json, event_to_json
+from agent.events import Event
 from agent.text_safety import json_safe_value
-from backend.db.models import EventRow, SessionRow, SnapshotRow, TokenRow, policy_label
+from backend.db.models import EventRow, SessionRow, SnapshotRow, policy_label
+from backend.db.stored_event import StoredEvent, serialised, stand_in
+from backend.db.tokens import ROLES, Principal, TokenError, TokenLog, hash_token
 from tools.snapshots import Snapshot
 
-ROLES = ("user", "staff")
+__all__ = ["ROLES", "TURN_STATUS", "Principal", "SessionInfo", "SessionLog", "StoredEvent", "TokenError",
+           "hash_token", "now", "stand_in"]
 
 _EVENTS = EventRow.__table__
 _SESSIONS = SessionRow.__table__
@@ -63,22 +62,6 @@ TURN_STATUS = {"user_message": "running", "turn_started": "running", "turn_end":
 
 def now() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class Principal:
-    """Who is calling: a token's name (the user) and role."""
-
-    name: str
-    role: str
-
-    @property
-    def is_staff(self) -> bool:
-        return self.role == "staff"
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,41 +108,11 @@ class SessionInfo:
         return json_safe_value(d)  # type: ignore[no-any-return]
 
 
-class TokenError(ValueError):
-    pass
+class SessionLog(TokenLog):
+    """The log: tokens (:class:`backend.db.tokens.TokenLog`), snapshots, sessions, events."""
 
-
-class SessionLog:
     def __init__(self, engine: Engine):
         self.engine = engine
-
-    # -- tokens ----------------------------------------------------------------
-
-    def create_token(self, name: str, role: str) -> str:
-        """Create a token and return it (the only time it is visible)."""
-        if role not in ROLES:
-            raise TokenError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-        if not name or len(name) > 200:
-            raise TokenError("token name must be 1-200 characters")
-        token = "fw_" + secrets.token_urlsafe(32)
-        with DbSession(self.engine) as db, db.begin():
-            if db.scalar(select(TokenRow.id).where(TokenRow.name == name)) is not None:
-                raise TokenError(f"a token named {name!r} already exists")
-            db.add(TokenRow(name=name, role=role, token_hash=hash_token(token), created_at=now()))
-        return token
-
-    def verify_token(self, token: str) -> Principal | None:
-        if not token or len(token) > 200:
-            return None
-        with DbSession(self.engine) as db:
-            row = db.scalar(select(TokenRow).where(TokenRow.token_hash == hash_token(token)))
-            if row is None or row.revoked:
-                return None
-            return Principal(row.name, row.role)
-
-    def token_count(self) -> int:
-        with DbSession(self.engine) as db:
-            return int(db.scalar(select(func.count()).select_from(TokenRow).where(~TokenRow.revoked)) or 0)
 
     # -- snapshots -------------------------------------------------------------
 
@@ -259,7 +212,7 @@ class SessionLog:
         """:meth:`append`, returning each stored event with its JSON line (the row's body)."""
         if not events:
             return []
-        stored = [_serialised(e) for e in events]
+        stored = [serialised(e) for e in events]
         rows = []
         latest: dict[str, tuple[int, int, int, str | None]] = {}
         for s in stored:
@@ -297,46 +250,3 @@ class SessionLog:
             out += page
             if len(page) < 5000:
                 return out
-
-
-class StoredEvent:
-    """An event as the log holds it: its ``seq`` and JSON line (``event_to_json``, the
-    row's body, what clients are sent), and the event itself -- given when it was just
-    written, else parsed from the line the first time :attr:`event` is read.
-
-    Not guaranteed: a line written by an older version parses with today's defaults
-    for fields it lacks, so ``event`` may hold fields the line does not."""
-
-    __slots__ = ("seq", "json", "_event")
-
-    def __init__(self, seq: int, json: str, event: Event | None = None) -> None:
-        self.seq = seq
-        self.json = json
-        self._event = event
-
-    @property
-    def event(self) -> Event:
-        if self._event is None:
-            self._event = event_from_json(self.json)
-        return self._event
-
-    def __repr__(self) -> str:
-        return f"StoredEvent(seq={self.seq}, json={self.json[:80]!r})"
-
-
-def stand_in(event: Event, why: str) -> ErrorEvent:
-    """The ``error`` event stored in place of ``event``: same ``seq``, session, turn and
-    time (the current time if ``event.ts`` is not a finite number)."""
-    ts = event.ts if isinstance(event.ts, (int, float)) and math.isfinite(event.ts) else time.time()
-    return ErrorEvent(
-        seq=event.seq, session_id=event.session_id, turn=event.turn, ts=ts, source="session",
-        message=f"event seq {event.seq} ({event.type}) could not be stored and was replaced by this error: {why}"[:2000],
-    )
-
-
-def _serialised(event: Event) -> StoredEvent:
-    try:
-        return StoredEvent(event.seq, event_to_json(event), event)
-    except (ValueError, TypeError) as exc:  # PydanticSerializationError is a ValueError
-        replacement = stand_in(event, f"{type(exc).__name__}: {exc}")
-        return StoredEvent(replacement.seq, event_to_json(replacement), replacement)

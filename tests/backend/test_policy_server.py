@@ -6,6 +6,7 @@ tiny random model saved as a checkpoint); error paths use the app in-process.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -253,7 +254,8 @@ async def test_completions_mode_gives_the_runtime_token_in_token_out(server: str
     prompt = render_prompt(conv, [], profile=COMPACT_PROFILE)
     policy = OpenAICompatPolicy(OpenAIConfig(base_url=server, model="tiny", max_tokens=12, temperature=1.0,
                                              api="completions"))
-    assert policy.prompt_profile == COMPACT_PROFILE  # learnt from GET /v1/models before any request
+    assert policy.prompt_profile is None  # nothing asked when built
+    assert await policy.resolve_prompt_profile() == COMPACT_PROFILE  # learnt from GET /v1/models
     try:
         chunks = [c async for c in policy.stream(prompt)]
     finally:
@@ -337,9 +339,15 @@ def test_a_client_refuses_a_server_whose_profile_text_differs(local) -> None:
     model, tok = local
     edited = PromptProfile(name="compact", system="an edited system prompt", tool_detail="compact")
     app = create_app(Engine(model, tok, max_slots=1, max_len=64), model_id="m", prompt_profile=edited)
+    async def learn(policy: OpenAICompatPolicy) -> None:
+        try:
+            await policy.resolve_prompt_profile()
+        finally:
+            await policy.aclose()
+
     with _serve_in_thread(app) as url:
         with pytest.raises(PolicyError, match="different prompt texts"):
-            OpenAICompatPolicy(OpenAIConfig(base_url=url, model="m", api="completions"))
+            asyncio.run(learn(OpenAICompatPolicy(OpenAIConfig(base_url=url, model="m", api="completions"))))
         chat = OpenAICompatPolicy(OpenAIConfig(base_url=url, model="m"))  # chat mode asks nothing
     assert chat.prompt_profile == DEFAULT_PROFILE
 

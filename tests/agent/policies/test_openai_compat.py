@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from agent.policies import make_policy
 from agent.policies.openai_compat import OpenAICompatPolicy, OpenAIConfig
 from agent.policy import PolicyError
-from agent.prompt import DEFAULT_PROFILE, Message, render_prompt
+from agent.prompt import COMPACT_PROFILE, DEFAULT_PROFILE, Message, render_prompt
 from tests.openai_server import ScriptedChatServer
 
 PROMPT = render_prompt([Message("user", "hello")], [])
@@ -69,9 +70,66 @@ def test_make_policy_reads_env_and_rejects_unknown(monkeypatch) -> None:
         make_policy("openai")
 
 
-async def test_an_unreachable_server_in_completions_mode_fails_at_construction() -> None:
-    with pytest.raises(PolicyError, match="prompt profile"):
-        OpenAICompatPolicy(OpenAIConfig(base_url="http://127.0.0.1:9/v1", api="completions", connect_timeout_s=1))
+async def test_an_unreachable_server_in_completions_mode_is_a_clear_error_at_first_use() -> None:
+    policy = OpenAICompatPolicy(OpenAIConfig(base_url="http://127.0.0.1:9/v1", api="completions",
+                                             connect_timeout_s=1))  # no I/O here
+    assert policy.prompt_profile is None
+    for _ in range(2):  # a failure is not remembered: the next use asks again
+        with pytest.raises(PolicyError, match=r"cannot reach http://127.0.0.1:9/v1/models to learn the served "
+                                              r"model's prompt profile .*is the server running\?"):
+            await collect(policy)
+        assert policy.prompt_profile is None
+    await policy.aclose()
+
+
+COMPACT_CARD = {"id": "m", "object": "model", "prompt_profile": {"name": "compact",
+                                                                 "fingerprint": COMPACT_PROFILE.fingerprint}}
+
+
+async def test_completions_mode_learns_the_profile_at_first_use_without_blocking_the_loop() -> None:
+    server = ScriptedChatServer([], models=[COMPACT_CARD], models_delay_s=0.5)
+    with server.running():
+        policy = OpenAICompatPolicy(OpenAIConfig(base_url=server.base_url, model="m", api="completions"))
+        assert policy.prompt_profile is None and server.model_lists == 0  # nothing asked when built
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        try:
+            learnt = await asyncio.gather(*(policy.resolve_prompt_profile() for _ in range(3)))
+        finally:
+            ticker.cancel()
+            await policy.aclose()
+    assert learnt == [COMPACT_PROFILE] * 3 and policy.prompt_profile == COMPACT_PROFILE
+    assert server.model_lists == 1  # asked once, by the first caller; the others waited for it
+    assert ticks >= 10  # the loop ran on while the server took 0.5 s to answer
+
+
+async def test_a_session_renders_with_the_profile_learnt_at_first_use(tmp_path) -> None:
+    from agent.events import ListSink
+    from agent.runtime import SessionParts, build_session
+    from agent.prompt import COMPACT_SYSTEM_PROMPT, DEFAULT_SYSTEM_PROMPT
+    from tools.workspace import WorkspaceStore
+
+    (tmp_path / "src").mkdir()
+    ws = WorkspaceStore(tmp_path / "store").from_dir(tmp_path / "src")
+    server = ScriptedChatServer(["Nothing to do."], models=[COMPACT_CARD])
+    with server.running():
+        policy = OpenAICompatPolicy(OpenAIConfig(base_url=server.base_url, model="m", api="completions"))
+        session = build_session(SessionParts(ws), policy=policy, sink=ListSink())
+        assert session.profile is None  # the policy's own, not known yet
+        outcome = await session.run_turn("hello")
+        await policy.aclose()
+    assert outcome.reason == "completed" and session.profile == COMPACT_PROFILE
+    [request] = server.requests
+    assert COMPACT_SYSTEM_PROMPT in request["body"]["prompt"]
+    assert DEFAULT_SYSTEM_PROMPT not in request["body"]["prompt"]
+    ws.delete()
 
 
 @pytest.mark.parametrize(

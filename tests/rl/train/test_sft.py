@@ -101,7 +101,10 @@ async def test_sft_lowers_heldout_loss_and_stops_early(store: tuple[WorkspaceSto
     torch.manual_seed(0)
     model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=max(1024, n + 8),
                                               n_layers=1, d_model=32, n_heads=2, n_kv_heads=1, d_ff=64))
-    cfg = SFTConfig(lr=3e-3, batch=1, max_epochs=40, eval_every=3, patience=2)
+    # A high learning rate on three examples: the held-out loss falls within a few steps and then
+    # stalls, so the run stops early (here at step 18 of at most 30) instead of spending its whole
+    # budget (120 steps and 41 evaluations at lr 3e-3, which never stopped early).
+    cfg = SFTConfig(lr=3e-2, batch=1, max_epochs=10, eval_every=2, patience=2)
     res = train_sft(model, examples[:3], examples[3:], cfg, pad_id=tok.pad_id)
     assert res.curve[0]["step"] == 0 and len(res.curve) >= 3
     assert res.best_heldout_loss < res.curve[0]["heldout_loss"]
