@@ -326,8 +326,9 @@ class Hub:
             workspace = await self._open_workspace(info)
             approvals = PendingApprovals()
             view = self.workspace_view(info, workspace) if self.workspace_view is not None else workspace
+            parts = self.live_parts(view, self.session_tools.get(info.id, ()))
             session = build_session(
-                self.live_parts(view, self.session_tools.get(info.id, ())), policy=policy or self.policies.build(info.policy, consumed=consumed),
+                parts, policy=policy or self.policies.build(info.policy, consumed=consumed),
                 limits=self.limits, sink=_PersistThenBroadcast(self, info.id), session_id=info.id, history=h,
                 approval_mode=approval_mode_of(info), approver=approvals,
             )

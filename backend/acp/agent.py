@@ -50,7 +50,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from acp import PROTOCOL_VERSION, RequestError, update_agent_message_text
+from acp import PROTOCOL_VERSION, RequestError, start_tool_call, update_agent_message_text, update_tool_call
 from acp.schema import (
     AgentCapabilities,
     ClientCapabilities,
@@ -294,14 +294,25 @@ class FlywheelAgent:
             return None
 
         async def approve(call_id: str | None, paths: list[str]) -> ApprovalDecision:
+            """Asked before a command's files are written back; in the ``ask`` mode the question
+            is a call of its own (``<call id>.write-back``, kind ``edit``), shown as completed or failed."""
             s = self._open.get(holder[0]) if holder else None
             if s is None:
                 return ApprovalDecision(False, "the session is not open in the editor")
+            if not s.permissions.write_back_needs_editor():
+                return await s.permissions.decide_write_back(ToolCallUpdate(tool_call_id=call_id or "write-back"))
             shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            title = f"Write the files the command changed: {shown}"
             locations = [ToolCallLocation(path=p) for p in map(s.mapper.absolute, paths) if p is not None]
-            tool_call = ToolCallUpdate(tool_call_id=call_id or "write-back", kind="edit", status="pending",
-                                       title=f"Write the files the command changed: {shown}", locations=locations)
-            return await s.permissions.decide_write_back(tool_call)
+            wb_id = f"{call_id or 'command'}.write-back"
+            await self._conn.session_update(session_id=s.id, update=start_tool_call(
+                wb_id, title, kind="edit", status="pending", locations=locations))
+            decision = await s.permissions.decide_write_back(ToolCallUpdate(
+                tool_call_id=wb_id, title=title, kind="edit", status="pending", locations=locations))
+            with contextlib.suppress(Exception):
+                await self._conn.session_update(session_id=s.id, update=update_tool_call(
+                    wb_id, status="completed" if decision.approved else "failed"))
+            return decision
 
         return EditorLink(files, approve)
 

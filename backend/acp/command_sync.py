@@ -17,11 +17,15 @@ the copy last agreed on (:attr:`EditorWorkspace.agreed`: set by every read that
 brought the project's text in and every edit that wrote both). A file is
 written only if the project still holds that agreed text -- the user has not
 changed it since -- checked again just before the write; otherwise it is left
-in the copy with a notice, as an edit in that case is refused.
+in the copy with a notice, as an edit in that case is refused. In a session
+opened again (``session/load``) what the copy holds before its first command
+there counts as agreed (:meth:`CommandSync.before_command`): an older change is
+never written over what the user has done since.
 
 Permission: in the ``ask`` mode the editor is asked before the files are
-written (``session/request_permission`` on the command's call, kind ``edit``;
-*Always allow* covers every later command of the session); in ``agent`` and
+written (``session/request_permission`` on a call of its own,
+``<command's call id>.write-back``, kind ``edit``, shown as completed or failed
+by the answer; *Always allow* covers every later command of the session); in ``agent`` and
 ``auto`` they are written, as edits are. A refusal leaves them in the copy.
 
 Left in the copy, each named once in a notice: binary and non-UTF-8 files,
@@ -127,12 +131,23 @@ class CommandSync:
     """Writes back what commands change in one session's copy (module docstring)."""
 
     def __init__(self, workspace: EditorWorkspace, *, approve: Approve | None = None,
-                 reports: CommandReports | None = None) -> None:
+                 reports: CommandReports | None = None, baseline: bool = False) -> None:
         self.workspace = workspace
         self.approve = approve
         self.reports = reports if reports is not None else CommandReports()
         self._noticed: dict[str, str] = {}  # path -> the state last named in a notice
         self._lock = asyncio.Lock()
+        self._baseline = baseline
+
+    async def before_command(self) -> None:
+        """With ``baseline`` (a session opened again, whose copy holds what earlier commands
+        and edits left): before the first command, take what the copy holds now as agreed
+        with the project, so only what commands change from here on is written back -- never
+        an old change over what the user has done in the editor since."""
+        if self._baseline:
+            self._baseline = False
+            async with self._lock:
+                await asyncio.to_thread(self._take_baseline)
 
     async def after_command(self, call_id: str | None = None) -> CommandReport:
         """Find what the copy has that the project lacks, write it back, keep the report
@@ -168,6 +183,24 @@ class CommandSync:
         if entry.kind is not EntryKind.FILE or entry.sha256 is None:
             return False, None
         return True, str(entry.sha256)
+
+    def _take_baseline(self) -> None:
+        copy = self.workspace.inner
+        for change in copy.changed_paths():
+            path = change.path
+            if change.kind is ChangeKind.DELETED:
+                self._noticed[path] = "deleted"
+                continue
+            if path in self.workspace.agreed:
+                continue
+            try:
+                data = copy.read_bytes(path, limit=MAX_WRITE_BACK_BYTES + 1)
+            except (OSError, PathError):
+                continue
+            if len(data) > MAX_WRITE_BACK_BYTES:
+                self._noticed[path] = f"big:{copy.file_size(path)}"
+            else:
+                self.workspace.agreed[path] = hashlib.sha256(data).hexdigest()
 
     def _once(self, report: CommandReport, path: str, state: str, why: str) -> None:
         if self._noticed.get(path) != state:
@@ -267,11 +300,13 @@ class WriteBackSandbox:
 
     async def run(self, command: str, cwd: Path, limits: SandboxLimits | None = None, *,
                   on_output: Callable[[bytes], None] | None = None) -> CommandResult:
+        sync = self.syncs.get(str(cwd))
+        if sync is not None:
+            await sync.before_command()
         if on_output is None:
             result = await self.inner.run(command, cwd, limits)
         else:
             result = await self.inner.run(command, cwd, limits, on_output=on_output)
-        sync = self.syncs.get(str(cwd))
         if sync is not None:
             await sync.after_command(current_call_id())
         return result

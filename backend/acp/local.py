@@ -81,6 +81,8 @@ class LocalSessions:
         self._texts: dict[str, EditTextLog] = {}
         self._agreed: dict[str, dict[str, str]] = {}
         self._syncs: dict[str, CommandSync] = {}  # by the copy's root
+        self._sync_of: dict[str, CommandSync] = {}  # by session id
+        self._reopened: set[str] = set()
         self._roots: dict[str, str] = {}  # session id -> the copy's root
         self._toolsets: dict[str, McpToolset] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -111,9 +113,14 @@ class LocalSessions:
             return workspace
         view = EditorWorkspace(workspace, link.files, self._texts.setdefault(info.id, EditTextLog()),
                                agreed=self._agreed.setdefault(info.id, {}))
+        sync = self._sync_of.get(info.id)
+        if sync is None:  # a session opened again: its copy may hold changes made before
+            sync = self._sync_of[info.id] = CommandSync(view, approve=link.approve_write_back, reports=link.reports,
+                                                        baseline=info.id in self._reopened)
+        sync.workspace = view
         root = str(workspace.root)
         self._roots[info.id] = root
-        self._syncs[root] = CommandSync(view, approve=link.approve_write_back, reports=link.reports)
+        self._syncs[root] = sync
         return view
 
     def edit_texts(self, session_id: str) -> EditTextLog | None:
@@ -179,6 +186,7 @@ class LocalSessions:
             await status.toolset.close()
         if link is not None:
             self._links[session_id] = link
+            self._reopened.add(session_id)
         info = await self._info(session_id)
         mode = info.source.get("acp_mode")
         return Opened(session_id, info.last_seq, mode if isinstance(mode, str) else None, status.servers,
@@ -267,6 +275,8 @@ class LocalSessions:
         self._links.pop(session_id, None)
         self._texts.pop(session_id, None)
         self._agreed.pop(session_id, None)
+        self._sync_of.pop(session_id, None)
+        self._reopened.discard(session_id)
         root = self._roots.pop(session_id, None)
         if root is not None:
             self._syncs.pop(root, None)

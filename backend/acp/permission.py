@@ -94,10 +94,14 @@ class Permissions:
             return ApprovalDecision(True, f"allowed by {why}")
         return await self._ask(tool_call, _key(event))
 
+    def write_back_needs_editor(self) -> bool:
+        """Whether writing back a command's files asks the editor (else it is allowed here)."""
+        return self.mode == "ask" and WRITE_BACK_KEY not in self.always
+
     async def decide_write_back(self, tool_call: ToolCallUpdate) -> ApprovalDecision:
         """Whether to write the files a command changed to the editor: asked as an edit is
         (the ``ask`` mode only); *Always allow* covers every later command's files."""
-        if self.mode != "ask" or WRITE_BACK_KEY in self.always:
+        if not self.write_back_needs_editor():
             why = "always allowed in this session" if WRITE_BACK_KEY in self.always else f"the {self.mode} mode"
             return ApprovalDecision(True, f"allowed by {why}")
         return await self._ask(tool_call, WRITE_BACK_KEY)

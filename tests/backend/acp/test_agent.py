@@ -14,7 +14,7 @@ from sqlalchemy import create_engine, text
 
 from tests.backend.acp.conftest import CALC, FIX, EditorClient, call, running_agent, script
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240)  # each test starts flywheel acp (conftest.STARTUP_TIMEOUT_S)
 
 FIXED = "def add(a, b):\n    return a + b\n"
 

@@ -109,7 +109,20 @@ def test_a_refused_write_back_writes_nothing_and_says_why(setup) -> None:
     assert (project / "calc.py").read_text() == CALC
 
 
-# -- end to end -------------------------------------------------------------------
+def test_a_session_opened_again_writes_back_only_what_commands_change_from_then_on(setup) -> None:
+    project, ws, view = setup
+    (ws.root / "calc.py").write_text(FIXED)  # an edit of the earlier process: the user has undone it since
+    sync = CommandSync(view, baseline=True)
+    asyncio.run(sync.before_command())
+    (ws.root / "new.txt").write_text("new\n")
+    report = asyncio.run(sync.after_command())
+    assert [w.path for w in report.written] == ["new.txt"] and report.left == []
+    assert (project / "calc.py").read_text() == CALC
+    without = CommandSync(EditorWorkspace(ws, DiskFiles(project)))  # what the baseline prevents
+    assert [w.path for w in asyncio.run(without.after_command()).written] == ["calc.py"]
+
+
+# -- end to end (each test starts flywheel acp: conftest.STARTUP_TIMEOUT_S) -----------
 
 
 async def _run(client: EditorClient, tmp_path: Path, project: Path, outputs: list[str], *args: str) -> str:
@@ -121,6 +134,7 @@ async def _run(client: EditorClient, tmp_path: Path, project: Path, outputs: lis
         return sid
 
 
+@pytest.mark.timeout(240)
 async def test_a_command_that_writes_files_sends_them_to_the_editor(tmp_path: Path, project: Path) -> None:
     command = ("mkdir -p gen && printf 'made by a command\\n' > gen/out.txt && sed -i 's/a - b/a + b/' calc.py"
                " && printf '\\000\\001' > gen/blob.bin")
@@ -142,12 +156,14 @@ async def test_a_command_that_writes_files_sends_them_to_the_editor(tmp_path: Pa
     assert read["status"] == "completed" and "a + b" in read["content"][0]["content"]["text"]
 
 
+@pytest.mark.timeout(240)
 async def test_without_fs_capabilities_a_commands_files_land_on_disk(tmp_path: Path, project: Path) -> None:
     client = EditorClient(fs=False)
     await _run(client, tmp_path, project, [call("run_command", command="echo hi > hi.txt"), "ok"], "--mode", "auto")
     assert client.writes == [] and (project / "hi.txt").read_text() == "hi\n"
 
 
+@pytest.mark.timeout(240)
 async def test_in_ask_mode_the_write_back_is_asked_and_a_refusal_keeps_the_project(
         tmp_path: Path, project: Path) -> None:
     client = EditorClient(answer="allow_once")
@@ -164,8 +180,12 @@ async def test_in_ask_mode_the_write_back_is_asked_and_a_refusal_keeps_the_proje
     await _run(client, tmp_path, project, outputs, "--mode", "ask")
     command, write_back = client.permissions
     assert command["kind"] == "execute" and write_back["kind"] == "edit"
-    assert write_back["toolCallId"] == "t1s1c0" and write_back["locations"] == [{"path": str(project / "hi.txt")}]
+    assert write_back["toolCallId"] == "t1s1c0.write-back"
+    assert write_back["locations"] == [{"path": str(project / "hi.txt")}]
     assert "Write the files the command changed: hi.txt" == write_back["title"]
+    (card,) = [u for u in client.of("tool_call") if u["toolCallId"] == "t1s1c0.write-back"]  # shown before asked
+    assert card["kind"] == "edit" and card["status"] == "pending"
+    assert client.call_updates("t1s1c0.write-back")[-1]["status"] == "failed"
     assert client.writes == [] and not (project / "hi.txt").exists()
     done = client.call_updates("t1s1c0")[-1]
     assert "hi.txt (not written: the user declined)" in done["content"][-1]["content"]["text"]

@@ -21,7 +21,7 @@ from sqlalchemy import create_engine, text
 from tests.backend.acp.conftest import EditorClient, call, running_agent, script
 from tests.backend.acp.test_agent import _host_processes_with
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 TINY = Path(__file__).parents[2] / "tools" / "mcp_servers" / "tiny.py"
 
@@ -55,7 +55,8 @@ async def test_a_session_calls_its_clients_mcp_server_records_it_and_stops_it(tm
     outputs = [call("mcp__tiny__add", a="2", b="3") + call("mcp__tiny__counter"), "added"]
     client = EditorClient()
     data = tmp_path / "data"
-    async with running_agent(client, data, "--mode", "auto", "--policy", f"scripted:{script(tmp_path, outputs)}") as conn:
+    policy = f"scripted:{script(tmp_path, outputs)}"
+    async with running_agent(client, data, "--mode", "auto", "--policy", policy) as conn:
         resp = await asyncio.wait_for(conn.new_session(cwd=str(project), mcp_servers=[server]), 120)
         (status,) = resp.field_meta["flywheel"]["mcpServers"]
         assert status["connected"] is True and status["name"] == "tiny"
