@@ -144,10 +144,15 @@ class CommandSync:
         and edits left): before the first command, take what the copy holds now as agreed
         with the project, so only what commands change from here on is written back -- never
         an old change over what the user has done in the editor since."""
-        if self._baseline:
-            self._baseline = False
-            async with self._lock:
-                await asyncio.to_thread(self._take_baseline)
+        if not self._baseline:
+            return
+        async with self._lock:  # a command started meanwhile waits here too, before it runs
+            if self._baseline:
+                self._baseline = False
+                try:
+                    await asyncio.to_thread(self._take_baseline)
+                except Exception as exc:  # the command still runs; its changes are found after it
+                    log.warning("reading the session's copy before its first command failed: %s", exc)
 
     async def after_command(self, call_id: str | None = None) -> CommandReport:
         """Find what the copy has that the project lacks, write it back, keep the report
