@@ -10,9 +10,12 @@ as ``diff`` content on the command's ``tool_call_update``, with a notice of
 what was written and what was not.
 
 What counts as changed by the command (:meth:`CommandSync.after_command`): the
-copy's files that differ from the session's starting snapshot
-(``Workspace.changed_paths``, what ``flywheel sessions diff`` shows; files
-``.gitignore`` ignores are not among them) *and* from the text the project and
+copy's files whose stat (size, mtime, ctime -- which no command can set back --,
+inode, mode) changed since the look taken
+before the session's first command or after the last one (the files
+``.gitignore`` hides, as ``flywheel sessions diff`` does not show them either,
+are not looked at; before any look: ``Workspace.changed_paths``, what differs
+from the starting snapshot) *and* whose text differs from the text the project and
 the copy last agreed on (:attr:`EditorWorkspace.agreed`: set by every read that
 brought the project's text in and every edit that wrote both). A file is
 written only if the project still holds that agreed text -- the user has not
@@ -33,8 +36,11 @@ files over :data:`MAX_WRITE_BACK_BYTES`, symlinks, files past the first
 :data:`MAX_WRITE_BACK_FILES` of one command, deleted files (ACP cannot delete a
 file; it stays in the project), and files the editor refused to write.
 
-Not guaranteed: finding the changes hashes the copy's shown files after every
-command (as ``flywheel sessions diff`` does); a command that was cancelled is
+Not guaranteed: finding the changes stats the copy's shown files after every
+command (``benchmarks/acp_write_back.py``); on a file system whose clock ticks
+slower than :data:`RACY_NS` (files changed that close before a look are read
+again at the next one), a change in the same tick as the look can be missed
+until the file changes again; a command that was cancelled is
 not followed by a write-back (its changes are found after the next command);
 what is written is not an event (replay re-executes against
 the copy); a file the model reads while the copy's version was left out gets
@@ -49,6 +55,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,9 +65,10 @@ from agent.approval import ApprovalDecision
 from backend.acp.fs_bridge import EditorWorkspace, ProjectFilesError, text_digest
 from tools.base import complete_in_thread
 from tools.diffs import ChangeKind, is_binary
-from tools.paths import PathError
+from tools.paths import PathError, display_path
 from tools.sandbox import CommandResult, Sandbox, SandboxLimits
 from tools.snapshots import EntryKind
+from tools.treewalk import scan_tree
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +76,10 @@ MAX_WRITE_BACK_BYTES = 1 << 20
 """The largest file a command changed that is written back to the editor."""
 MAX_WRITE_BACK_FILES = 64
 """The most files of one command written back; the rest stay in the copy (with a notice)."""
+
+RACY_NS = 50_000_000
+"""A file modified this close before a look is checked again at the next one (a change in
+the same tick of the file system's clock leaves its stat as it was)."""
 
 Approve = Callable[[str | None, list[str]], Awaitable[ApprovalDecision]]
 """Asked before writing back (the command's call id, the paths); the mode decides."""
@@ -120,6 +132,12 @@ class CommandReports:
 
 
 @dataclass(frozen=True, slots=True)
+class _Look:
+    entries: dict[str, tuple[int, int, int, int, int]]  # path -> (mode, size, mtime_ns, ctime_ns, inode)
+    taken_ns: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Pending:
     path: str
     expect: str | None  # the project's text now (None: no such file)
@@ -138,21 +156,25 @@ class CommandSync:
         self._noticed: dict[str, str] = {}  # path -> the state last named in a notice
         self._lock = asyncio.Lock()
         self._baseline = baseline
+        self._seen: _Look | None = None  # the copy's files' stat at the last look
 
     async def before_command(self) -> None:
-        """With ``baseline`` (a session opened again, whose copy holds what earlier commands
-        and edits left): before the first command, take what the copy holds now as agreed
-        with the project, so only what commands change from here on is written back -- never
-        an old change over what the user has done in the editor since."""
-        if not self._baseline:
+        """Before the session's first command: look at the copy (what changes from here on
+        is found by its files' stat, not by hashing the tree). With ``baseline`` (a session
+        opened again, whose copy holds what earlier commands and edits left), also take what
+        the copy holds now as agreed with the project, so only what commands change from
+        here on is written back -- never an old change over what the user has done since."""
+        if self._seen is not None and not self._baseline:
             return
         async with self._lock:  # a command started meanwhile waits here too, before it runs
-            if self._baseline:
-                self._baseline = False
-                try:
+            try:
+                if self._baseline:
+                    self._baseline = False
                     await asyncio.to_thread(self._take_baseline)
-                except Exception as exc:  # the command still runs; its changes are found after it
-                    log.warning("reading the session's copy before its first command failed: %s", exc)
+                if self._seen is None:
+                    self._seen = await asyncio.to_thread(self._look)
+            except Exception as exc:  # the command still runs; its changes are found after it
+                log.warning("reading the session's copy before a command failed: %s", exc)
 
     async def after_command(self, call_id: str | None = None) -> CommandReport:
         """Find what the copy has that the project lacks, write it back, keep the report
@@ -212,15 +234,41 @@ class CommandSync:
             self._noticed[path] = state
             report.left.append((path, why))
 
+    def _look(self) -> _Look:
+        """The stat of every file and link the copy shows (what ``.gitignore`` hides is left out)."""
+        copy = self.workspace.inner
+        rules = copy.ignore_rules()
+        taken_ns = time.time_ns()
+        entries: dict[str, tuple[int, int, int, int, int]] = {}
+        for item in scan_tree(copy.root, on_limit=lambda item, exc: None,
+                              include=lambda item: rules.shown(item.path, is_dir=stat.S_ISDIR(item.st.st_mode))):
+            st = item.st
+            if not stat.S_ISDIR(st.st_mode):
+                entries[display_path(item.path)] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        return _Look(entries, taken_ns)
+
+    def _changes(self) -> list[tuple[str, bool]]:
+        """(path, deleted) for what may have changed since the last look: the paths whose stat
+        differs, and those modified so close to the last look that a change in the same clock
+        tick would not show (as git's "racy" entries). Before any look: what differs from the
+        starting snapshot (``changed_paths``). Takes the next look first, so a change made
+        meanwhile (a command of the same step still running) is found next time."""
+        last, self._seen = self._seen, self._look()
+        if last is None:
+            return [(c.path, c.kind is ChangeKind.DELETED) for c in self.workspace.inner.changed_paths()]
+        now = self._seen.entries
+        racy = last.taken_ns - RACY_NS
+        out = [(p, False) for p, st in now.items() if last.entries.get(p) != st or st[3] >= racy]
+        return out + [(p, True) for p in last.entries if p not in now]
+
     def _plan(self, report: CommandReport) -> list[_Pending]:
         copy = self.workspace.inner
         files = self.workspace.files
         base = copy.base.manifest
         pending: list[_Pending] = []
-        for change in copy.changed_paths():
-            path = change.path
+        for path, deleted in self._changes():
             known, agreed = self._agreed(path, base)
-            if change.kind is ChangeKind.DELETED:
+            if deleted:
                 if agreed is not None:
                     self._once(report, path, "deleted", "deleted in the copy; ACP cannot delete files, "
                                                        "so it is still in the project")

@@ -109,6 +109,24 @@ def test_a_refused_write_back_writes_nothing_and_says_why(setup) -> None:
     assert (project / "calc.py").read_text() == CALC
 
 
+def test_after_the_first_look_changes_are_found_by_stat_without_hashing_the_tree(setup) -> None:
+    project, ws, view = setup
+    (ws.root / ".gitignore").write_text("build/\n")
+    hashed: list[int] = []
+    real = ws.changed_paths
+    ws.changed_paths = lambda *a: hashed.append(1) or real(*a)  # counts the full comparisons
+    sync = CommandSync(view)
+    asyncio.run(sync.before_command())
+    assert [w.path for w in asyncio.run(sync.after_command()).written] == [".gitignore"]  # made above
+    (ws.root / "build").mkdir()
+    (ws.root / "build" / "out.o").write_text("ignored\n")  # hidden by .gitignore: never written back
+    (ws.root / "calc.py").write_text(FIXED)
+    report = asyncio.run(sync.after_command())
+    assert [w.path for w in report.written] == ["calc.py"] and hashed == []
+    assert not (project / "build").exists()
+    assert asyncio.run(sync.after_command()).written == []  # nothing new
+
+
 def test_a_session_opened_again_writes_back_only_what_commands_change_from_then_on(setup) -> None:
     project, ws, view = setup
     (ws.root / "calc.py").write_text(FIXED)  # an edit of the earlier process: the user has undone it since
