@@ -85,7 +85,7 @@ class LocalSessions:
         self._reopened: set[str] = set()
         self._roots: dict[str, str] = {}  # session id -> the copy's root
         self._toolsets: dict[str, McpToolset] = {}
-        self._closing: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[None]] = set()
         self._locks: dict[str, int] = {}
         self._engine: Any = None
 
@@ -117,6 +117,9 @@ class LocalSessions:
         if sync is None:  # a session opened again: its copy may hold changes made before
             sync = self._sync_of[info.id] = CommandSync(view, approve=link.approve_write_back, reports=link.reports,
                                                         baseline=info.id in self._reopened)
+            look = asyncio.get_running_loop().create_task(sync.before_command(), name=f"acp-look:{info.id}")
+            self._background.add(look)  # the first look now, not when the first command starts
+            look.add_done_callback(self._background.discard)
         sync.workspace = view
         root = str(workspace.root)
         self._roots[info.id] = root
@@ -224,8 +227,8 @@ class LocalSessions:
             await toolset.close()
 
         task = asyncio.create_task(after_turn(), name=f"acp-mcp-close:{session_id}")
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def set_mode(self, session_id: str, mode: str) -> None:
         try:
@@ -291,7 +294,7 @@ class LocalSessions:
             await self.hub.shutdown()
         for sid in list(self._locks):
             await self.release(sid)
-        await asyncio.gather(*self._closing, return_exceptions=True)  # servers of turns that just stopped
+        await asyncio.gather(*self._background, return_exceptions=True)  # looks; servers of turns just stopped
         if self.hub is not None:
             self.hub.writer.close()
         if self._engine is not None:

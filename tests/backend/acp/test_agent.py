@@ -119,6 +119,9 @@ async def test_cancel_stops_the_turn_within_a_second_and_kills_the_command(tmp_p
         sid = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
         turn = asyncio.ensure_future(_prompt(conn, sid))
         await asyncio.wait_for(client.seen.wait(), 20)
+        deadline = time.monotonic() + 5  # in_progress is sent as the call starts, just before the process
+        while not _host_processes_with("sleep 37.25") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         assert _host_processes_with("sleep 37.25"), "the command should be running"
         t0 = time.monotonic()
         await conn.cancel(session_id=sid)
