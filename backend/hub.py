@@ -213,6 +213,10 @@ class Hub:
         self.limits = limits
         self.indexes = indexes  # None: no semantic_search tool
         self.extra_tools = extra_tools  # external MCP servers' tools, shared by every session
+        # One session's own external tools (an ACP client's mcpServers), by session id: they join
+        # ``extra_tools`` whenever the session is made live. The driver that connected them sets
+        # and removes the entry (``create(extra_tools=...)`` sets it) and closes them.
+        self.session_tools: dict[str, tuple[Tool, ...]] = {}
         self.live: dict[str, LiveSession] = {}
         self._loading: dict[str, asyncio.Lock] = {}
         self.sockets = SocketLimit(max_sockets_per_token)
@@ -223,13 +227,14 @@ class Hub:
         # A session another process is recording right now (a `flywheel run`): not left open by a crash.
         self.running_elsewhere = running_elsewhere
 
-    def live_parts(self, workspace: WorkspaceLike) -> SessionParts:
+    def live_parts(self, workspace: WorkspaceLike, extra_tools: tuple[Tool, ...] = ()) -> SessionParts:
         """Parts for a live session: the server's sandbox and the workspace's pooled
         background index, built on the pool's thread at its first search (a session that
-        never searches costs no indexing and never loads the embedder)."""
+        never searches costs no indexing and never loads the embedder); the server's
+        external tools, then ``extra_tools`` (the session's own)."""
         index = self.indexes.get(workspace.root) if self.indexes is not None else None
         return SessionParts(workspace=workspace, sandbox=self.sandbox, search_index=index,
-                            extra_tools=self.extra_tools)
+                            extra_tools=self.extra_tools + tuple(extra_tools))
 
     def replay_parts(self, workspace: Workspace, info: SessionInfo | None = None, events: list[Event] | None = None,
                      *, live_tools: bool = False, model_calls: int | None = None) -> SessionParts:
@@ -300,9 +305,11 @@ class Hub:
     async def create(
         self, *, owner: str, workspace: Workspace, policy: dict[str, Any], title: str, source: dict[str, Any],
         parent_id: str | None = None, branch_step: int | None = None, approval_mode: str = "auto",
+        extra_tools: tuple[Tool, ...] = (),
     ) -> SessionInfo:
         """Record a new session. ``approval_mode``: :data:`agent.approval.APPROVAL_MODES`
-        (400 otherwise); kept in the session's ``source``."""
+        (400 otherwise); kept in the session's ``source``. ``extra_tools``: the session's own
+        external tools (:attr:`session_tools`); their specs are recorded with the server's."""
         try:
             mode = parse_approval_mode(approval_mode)
         except ApprovalError as exc:
@@ -310,14 +317,18 @@ class Hub:
         source = {k: v for k, v in source.items() if k != "approval_mode"}
         if mode != "auto":
             source["approval_mode"] = mode
-        if self.extra_tools and "external_tools" not in source:  # for replays (agent.recorded_tools)
-            source["external_tools"] = [spec_record(t.spec) for t in self.extra_tools]
+        tools = self.extra_tools + tuple(extra_tools)
+        if tools and "external_tools" not in source:  # for replays (agent.recorded_tools)
+            source["external_tools"] = [spec_record(t.spec) for t in tools]
         await asyncio.to_thread(self.log.save_snapshot, workspace.base)
-        return await asyncio.to_thread(
+        info = await asyncio.to_thread(
             self.log.create_session, id=uuid.uuid4().hex, owner=owner, title=title[:200], source=source,
             workspace_id=workspace.id, base_snapshot=workspace.base.id, policy=policy,
             parent_id=parent_id, branch_step=branch_step,
         )
+        if extra_tools:
+            self.session_tools[info.id] = tuple(extra_tools)
+        return info
 
     async def get_live(self, info: SessionInfo, *, policy: Policy | None = None) -> LiveSession:
         live = self.live.get(info.id)
@@ -334,8 +345,9 @@ class Hub:
             workspace = await self._open_workspace(info)
             approvals = PendingApprovals()
             view = self.workspace_view(info, workspace) if self.workspace_view is not None else workspace
+            parts = self.live_parts(view, self.session_tools.get(info.id, ()))
             session = build_session(
-                self.live_parts(view), policy=policy or self.policies.build(info.policy, consumed=consumed),
+                parts, policy=policy or self.policies.build(info.policy, consumed=consumed),
                 limits=self.limits, sink=_PersistThenBroadcast(self, info.id), session_id=info.id, history=h,
                 approval_mode=approval_mode_of(info), approver=approvals,
             )

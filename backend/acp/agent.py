@@ -28,9 +28,16 @@ half-written) and withdraws open permission questions; the prompt then
 answers ``cancelled``. ``session/load`` streams the recorded session back as
 updates (user messages included) before it answers, then follows it live.
 
-Not guaranteed: the mode (``ask``/``agent``/``auto``) is not stored with the
-session (a loaded session starts in the default mode); ``mcpServers`` given
-to ``session/new`` are recorded with the session but not connected yet.
+The mode (``ask``/``agent``/``auto``) is kept with the session
+(``SessionBackend.set_mode``) and restored by ``session/load``. The
+``mcpServers`` of ``session/new`` and ``session/load`` are connected for the
+session (:mod:`backend.acp.mcp_servers`): one that is down does not fail the
+request; the response's ``_meta.flywheel.mcpServers`` says, per server, whether
+it connected (and why not), and the reason is shown as a message chunk before
+the session's next turn.
+
+Not guaranteed: with ``--server`` (the thin bridge) neither the mode nor the
+``mcpServers`` reach the server (:mod:`backend.acp.remote`).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from acp import PROTOCOL_VERSION, RequestError
+from acp import PROTOCOL_VERSION, RequestError, start_tool_call, update_agent_message_text, update_tool_call
 from acp.schema import (
     AgentCapabilities,
     ClientCapabilities,
@@ -59,14 +66,16 @@ from acp.schema import (
     SetSessionModeResponse,
     TextContentBlock,
     TextResourceContents,
+    ToolCallLocation,
     ToolCallUpdate,
 )
 
+from agent.approval import ApprovalDecision
 from agent.events import ApprovalRequested, Event, TurnEnd
-from backend.acp.fs_bridge import EDITOR_FS_TIMEOUT_S, DiskFiles, EditorFiles, ProjectFiles
 from backend.acp.defaults import DEFAULT_MODE, DEFAULT_PERMISSION_TIMEOUT_S, MODES
+from backend.acp.fs_bridge import EDITOR_FS_TIMEOUT_S, DiskFiles, EditorFiles, ProjectFiles
 from backend.acp.permission import Permissions, mode_state
-from backend.acp.sessions import NewSession, SessionBackend, SessionError
+from backend.acp.sessions import EditorLink, NewSession, Opened, SessionBackend, SessionError
 from backend.acp.updates import UpdateMapper, tool_kind
 
 log = logging.getLogger(__name__)
@@ -74,7 +83,6 @@ log = logging.getLogger(__name__)
 STOP_REASONS = {"completed": "end_turn", "max_steps": "max_turn_requests", "max_tokens": "max_tokens",
                 "interrupted": "cancelled", "shutdown": "cancelled", "timeout": "end_turn"}
 MAX_PROMPT_CHARS = 1 << 20
-NOT_CONNECTED = "recorded with the session; not connected yet (Flywheel does not use MCP servers' tools yet)"
 
 
 @dataclass(eq=False)
@@ -93,6 +101,7 @@ class _Open:
     turn_after: int = 0
     asks: set[asyncio.Task[None]] = field(default_factory=set)
     failure: BaseException | None = None
+    notices: list[str] = field(default_factory=list)  # shown before the next turn
 
 
 def _version() -> str:
@@ -150,7 +159,7 @@ class FlywheelAgent:
             agent_capabilities=AgentCapabilities(
                 load_session=True,
                 prompt_capabilities=PromptCapabilities(image=False, audio=False, embedded_context=True),
-                mcp_capabilities=McpCapabilities(http=False, sse=False),
+                mcp_capabilities=McpCapabilities(http=True, sse=True),
             ),
             auth_methods=[],
             agent_info=Implementation(name="flywheel", title="Flywheel", version=_version()),
@@ -158,19 +167,18 @@ class FlywheelAgent:
 
     async def new_session(self, cwd: str, mcp_servers: list[Any] | None = None, **kwargs: Any) -> NewSessionResponse:
         path = self._cwd(cwd)
-        servers = [_describe_mcp(s) for s in mcp_servers or []]
-        if servers:
-            log.warning("session/new: %d MCP server(s) %s", len(servers), NOT_CONNECTED)
         holder: list[str] = []
-        files = self._files(path, holder)
+        link = self._link(path, holder)
+        new = NewSession(path, f"editor: {path.name}", list(mcp_servers or []), self.default_mode)
         try:
-            sid = await self.sessions.create(NewSession(path, f"editor: {path.name}", servers), files)
+            opened = await self.sessions.create(new, link)
         except SessionError as exc:
             raise _error(exc) from None
-        holder.append(sid)
-        self._follow(sid, path, after=0, until=0)
-        meta = {"flywheel": {"mcpServers": NOT_CONNECTED}} if servers else None
-        return NewSessionResponse(session_id=sid, modes=mode_state(self.default_mode), field_meta=meta)
+        holder.append(opened.session_id)
+        s = self._follow(opened.session_id, path, after=0, until=0, mode=self.default_mode, link=link)
+        s.notices += opened.notices
+        return NewSessionResponse(session_id=opened.session_id, modes=mode_state(self.default_mode),
+                                  field_meta=_meta(opened, mcp_servers))
 
     async def load_session(self, cwd: str, session_id: str, mcp_servers: list[Any] | None = None,
                            **kwargs: Any) -> LoadSessionResponse:
@@ -178,24 +186,30 @@ class FlywheelAgent:
         old = self._open.pop(session_id, None)
         if old is not None:
             await self._stop(old)
-        files = self._files(path, [session_id])
+        link = self._link(path, [session_id])
         try:
-            last = await self.sessions.open(session_id, path, files)
+            opened = await self.sessions.open(session_id, path, link, list(mcp_servers or []))
         except SessionError as exc:
             raise _error(exc) from None
-        s = self._follow(session_id, path, after=0, until=last)
+        mode = opened.mode if opened.mode in MODES else self.default_mode
+        s = self._follow(session_id, path, after=0, until=opened.last_seq, mode=mode, link=link)
+        s.notices += opened.notices
         waiter = asyncio.ensure_future(s.replayed.wait())
         await asyncio.wait([waiter, s.pump], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[list-item]
         if not s.replayed.is_set():
             waiter.cancel()
             raise internal(f"replaying the session failed: {s.failure}")
-        return LoadSessionResponse(modes=mode_state(s.permissions.mode))
+        return LoadSessionResponse(modes=mode_state(mode), field_meta=_meta(opened, mcp_servers))
 
     async def set_session_mode(self, mode_id: str, session_id: str, **kwargs: Any) -> SetSessionModeResponse:
         s = self._session(session_id)
         if mode_id not in MODES:
             raise bad_params(f"unknown mode {mode_id!r}: use one of {', '.join(MODES)}")
         s.permissions.mode = mode_id
+        try:
+            await self.sessions.set_mode(session_id, mode_id)
+        except SessionError as exc:
+            raise _error(exc) from None
         return SetSessionModeResponse()
 
     async def prompt(self, prompt: list[Any], session_id: str, **kwargs: Any) -> PromptResponse:
@@ -207,6 +221,11 @@ class FlywheelAgent:
             raise internal(f"the session's event stream failed: {s.failure}")
         s.turn = asyncio.get_running_loop().create_future()
         s.turn_after = s.last_seq
+        notices, s.notices = s.notices, []
+        for line in notices:
+            with contextlib.suppress(Exception):  # a notice that cannot be shown must not stop the turn
+                await self._conn.session_update(session_id=session_id,
+                                                update=update_agent_message_text(f"[{line}]\n\n"))
         try:
             await self.sessions.send(session_id, text)
         except SessionError as exc:
@@ -268,13 +287,43 @@ class FlywheelAgent:
         return EditorFiles(cwd, read=read if fs.read_text_file else None, write=write if fs.write_text_file else None,
                            loop=asyncio.get_running_loop(), timeout_s=self.fs_timeout_s)
 
-    def _follow(self, sid: str, cwd: Path, *, after: int, until: int) -> _Open:
-        mapper = UpdateMapper(cwd, texts=self.sessions.edit_texts(sid))
+    def _link(self, cwd: Path, holder: list[str]) -> EditorLink | None:
+        """How the session's tools reach the editor (``holder[0]``: its id, once known)."""
+        files = self._files(cwd, holder)
+        if files is None:
+            return None
+
+        async def approve(call_id: str | None, paths: list[str]) -> ApprovalDecision:
+            """Asked before a command's files are written back; in the ``ask`` mode the question
+            is a call of its own (``<call id>.write-back``, kind ``edit``), shown as completed or failed."""
+            s = self._open.get(holder[0]) if holder else None
+            if s is None:
+                return ApprovalDecision(False, "the session is not open in the editor")
+            if not s.permissions.write_back_needs_editor():
+                return await s.permissions.decide_write_back(ToolCallUpdate(tool_call_id=call_id or "write-back"))
+            shown = ", ".join(paths[:5]) + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
+            title = f"Write the files the command changed: {shown}"
+            locations = [ToolCallLocation(path=p) for p in map(s.mapper.absolute, paths) if p is not None]
+            wb_id = f"{call_id or 'command'}.write-back"
+            await self._conn.session_update(session_id=s.id, update=start_tool_call(
+                wb_id, title, kind="edit", status="pending", locations=locations))
+            decision = await s.permissions.decide_write_back(ToolCallUpdate(
+                tool_call_id=wb_id, title=title, kind="edit", status="pending", locations=locations))
+            with contextlib.suppress(Exception):
+                await self._conn.session_update(session_id=s.id, update=update_tool_call(
+                    wb_id, status="completed" if decision.approved else "failed"))
+            return decision
+
+        return EditorLink(files, approve)
+
+    def _follow(self, sid: str, cwd: Path, *, after: int, until: int, mode: str,
+                link: EditorLink | None) -> _Open:
+        mapper = UpdateMapper(cwd, texts=self.sessions.edit_texts(sid), notes=link.reports if link else None)
 
         async def ask(tool_call: ToolCallUpdate, options: list[Any]) -> Any:
             return await self._conn.request_permission(session_id=sid, tool_call=tool_call, options=options)
 
-        s = _Open(sid, cwd, mapper, Permissions(ask, self.permission_timeout_s, self.default_mode),
+        s = _Open(sid, cwd, mapper, Permissions(ask, self.permission_timeout_s, mode),
                   last_seq=after, replay_until=until)
         if until <= after:
             s.replayed.set()
@@ -338,15 +387,9 @@ def _title_of(event: ApprovalRequested) -> str:
     return f"{event.name} {event.args.get('path', '')}".strip()
 
 
-def _describe_mcp(server: Any) -> dict[str, Any]:
-    """An MCP server as recorded with the session: its name and how to reach it, never
-    its environment or headers (they may hold secrets)."""
-    out: dict[str, Any] = {"name": getattr(server, "name", "")}
-    if getattr(server, "url", None):
-        out.update(transport=getattr(server, "type", "http"), url=server.url)
-    else:
-        out.update(transport="stdio", command=getattr(server, "command", ""), args=list(getattr(server, "args", [])))
-    return out
+def _meta(opened: Opened, asked: list[Any] | None) -> dict[str, Any] | None:
+    """``_meta.flywheel.mcpServers``: what became of each server the client named."""
+    return {"flywheel": {"mcpServers": opened.mcp_servers}} if asked else None
 
 
 def _prompt_text(blocks: list[Any]) -> str:

@@ -29,11 +29,13 @@ file tools to the project through a :class:`ProjectFiles`:
   no compare-and-swap write) -- a keystroke in that window is overwritten, and
   the editor's undo brings it back.
 
+* **Commands** run on the copy; the text files they create or change are then
+  written to the project the same way, with the same check
+  (:mod:`backend.acp.command_sync`).
+
 Not guaranteed: commands see the copy, so a file the model never read or
-edited is as it was at ``session/new`` (or at the last read); files changed
-by commands stay in the copy (the session's diff, ``flywheel sessions diff
-ID``), they are not written to the project; binary files and files that
-are not UTF-8 are read and written in the copy only; text brought into the copy
+edited is as it was at ``session/new`` (or at the last read); binary files and
+files that are not UTF-8 are read and written in the copy only; text brought into the copy
 by a read is not an event (replay re-executes against the recorded starting
 snapshot, so a read of a file the user had changed re-executes as "differs").
 """
@@ -41,6 +43,7 @@ snapshot, so a read of a file the user had changed re-executes as "differs").
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import threading
@@ -168,6 +171,10 @@ class EditorFiles:
         path = project_path(self.root, rel)
         if self._write is None:
             return self._disk.write_text(rel, text)
+        try:  # a new file in a new directory: the editor may not make directories
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ProjectFilesError(f"cannot make the directory of {rel} in the project: {exc.strerror}") from None
         try:
             self._run(self._write(str(path), text))
         except TimeoutError:
@@ -200,11 +207,25 @@ class EditorWorkspace:
     """A session's workspace whose file tools read from and write to the project
     (module docstring). Everything else is the wrapped workspace's."""
 
-    def __init__(self, inner: Any, files: ProjectFiles, texts: EditTextLog | None = None) -> None:
+    def __init__(self, inner: Any, files: ProjectFiles, texts: EditTextLog | None = None, *,
+                 agreed: dict[str, str] | None = None) -> None:
         self._inner = inner
         self._files = files
         self.texts = texts if texts is not None else EditTextLog()
         self._synced = threading.local()
+        # path -> sha256 of the text the project and the copy last agreed on (a read brought it
+        # in, a write put it in both); a path not here agrees with the starting snapshot.
+        # What a command changed is what differs from this (backend.acp.command_sync).
+        self.agreed: dict[str, str] = agreed if agreed is not None else {}
+
+    @property
+    def inner(self) -> Any:
+        """The session's own workspace (the copy)."""
+        return self._inner
+
+    @property
+    def files(self) -> ProjectFiles:
+        return self._files
 
     def __getattr__(self, name: str) -> Any:  # root, resolve, exists, snapshot, diff, fork, base...
         return getattr(self._inner, name)
@@ -242,6 +263,7 @@ class EditorWorkspace:
         data = text.encode("utf-8")
         if data != current:
             self._inner.write_bytes(target, data)
+        self.agreed[target] = text_digest(text)
 
     def _target(self, rel: str) -> str:
         """The path in the project: ``rel`` after the copy's own links (refused if it leaves the tree)."""
@@ -281,5 +303,11 @@ class EditorWorkspace:
                 except ProjectFilesError:
                     log.error("could not put %s back in the project after a failed write", target)
             raise
+        self.agreed[target] = text_digest(new_text)
         self.texts.record(edit.path, old_text, new_text)
         return edit
+
+
+def text_digest(text: str) -> str:
+    """The sha256 of ``text`` as UTF-8 (as snapshots hash files)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

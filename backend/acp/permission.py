@@ -10,6 +10,10 @@ ACP session's mode (:data:`backend.acp.defaults.MODES`, switched with ``session/
 * ``agent`` (the default) -- edits go ahead, commands are asked;
 * ``auto`` -- nothing is asked.
 
+The files a command changed are written back to the editor
+(:mod:`backend.acp.command_sync`) under the same rule as edits: asked in ``ask``
+only (:meth:`Permissions.decide_write_back`).
+
 The editor is offered *allow once*, *always allow* (this exact command, or
 edits of this file, for the rest of the session) and *reject*. Every answer,
 the ones given here included, is recorded in the session log as an
@@ -59,6 +63,9 @@ def mode_state(current: str) -> SessionModeState:
     )
 
 
+WRITE_BACK_KEY = ("edit", "(write-back of a command's files)", "*")
+
+
 def _key(event: ApprovalRequested) -> tuple[str, str, str]:
     """What an *always allow* covers: this exact command, or edits of this path."""
     what = event.args.get("command") if event.kind == "command" else event.args.get("path")
@@ -85,6 +92,21 @@ class Permissions:
         if not self.needs_editor(event):
             why = "always allowed in this session" if _key(event) in self.always else f"the {self.mode} mode"
             return ApprovalDecision(True, f"allowed by {why}")
+        return await self._ask(tool_call, _key(event))
+
+    def write_back_needs_editor(self) -> bool:
+        """Whether writing back a command's files asks the editor (else it is allowed here)."""
+        return self.mode == "ask" and WRITE_BACK_KEY not in self.always
+
+    async def decide_write_back(self, tool_call: ToolCallUpdate) -> ApprovalDecision:
+        """Whether to write the files a command changed to the editor: asked as an edit is
+        (the ``ask`` mode only); *Always allow* covers every later command's files."""
+        if not self.write_back_needs_editor():
+            why = "always allowed in this session" if WRITE_BACK_KEY in self.always else f"the {self.mode} mode"
+            return ApprovalDecision(True, f"allowed by {why}")
+        return await self._ask(tool_call, WRITE_BACK_KEY)
+
+    async def _ask(self, tool_call: ToolCallUpdate, key: tuple[str, str, str]) -> ApprovalDecision:
         try:
             response = await asyncio.wait_for(self.ask(tool_call, OPTIONS), self.timeout_s)
         except TimeoutError:
@@ -98,7 +120,7 @@ class Permissions:
         outcome = getattr(response, "outcome", None)
         option = getattr(outcome, "option_id", None)
         if option == "allow_always":
-            self.always.add(_key(event))
+            self.always.add(key)
             return ApprovalDecision(True, "always allowed by the user")
         if option == "allow_once":
             return ApprovalDecision(True, "")

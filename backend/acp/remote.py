@@ -8,7 +8,9 @@ reads events and answers approvals over the session's WebSocket
 (``docs/protocol.md``), reconnecting with ``?after=<last seq>`` when the
 connection drops (nothing is lost or repeated).
 
-Not guaranteed: the server's workspace is its own copy, so edits stay there
+Not guaranteed: the editor's ``mcpServers`` are not connected (the server's own
+``--mcp-config`` servers are what its sessions get), and the mode is not stored with
+the session (a loaded session starts in ``--mode``); the server's workspace is its own copy, so edits stay there
 (they show as diffs in the editor; ``flywheel chat --session ID`` or
 ``flywheel sessions diff ID | git apply`` brings them back); the editor's
 unsaved buffers are not seen; after 5 failed reconnects in a row the
@@ -28,11 +30,21 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from agent.events import Event, event_from_json_or_none
-from backend.acp.fs_bridge import ProjectFiles
-from backend.acp.sessions import NewSession, SessionError
+from backend.acp.mcp_servers import server_configs
+from backend.acp.sessions import EditorLink, NewSession, Opened, SessionError
 
 log = logging.getLogger(__name__)
 RECONNECTS = 5
+NOT_ON_SERVER = ("not connected: sessions run on the server (--server), which does not start an editor's MCP "
+                 "servers; give them to `flywheel serve --mcp-config` there")
+
+
+def _not_connected(servers: list[Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    configs, refused = server_configs(servers)
+    described = [{**{k: v for k, v in c.describe().items() if k != "writes_workspace"}, "connected": False,
+                  "error": NOT_ON_SERVER} for c in configs] + refused
+    return described, [f"MCP server {d['name']!r} is {d['error']}" if d["error"] == NOT_ON_SERVER
+                       else f"MCP server {d['name']!r} is not connected: {d['error']}" for d in described]
 
 
 class RemoteSessions:
@@ -68,15 +80,21 @@ class RemoteSessions:
             raise SessionError(f"the server refused ({r.status_code}): {detail}", kind)
         return r.json() if r.content else None
 
-    async def create(self, new: NewSession, files: ProjectFiles | None) -> str:
+    async def create(self, new: NewSession, link: EditorLink | None) -> Opened:
         body = {"workspace": {"path": str(new.cwd)}, "policy": self.policy, "title": new.title,
                 "approval_mode": "ask-edits"}
         info = await self._request("POST", "/v1/sessions", json=body)
-        return str(info["id"])
+        servers, notices = _not_connected(new.mcp_servers)
+        return Opened(str(info["id"]), int(info.get("last_seq", 0)), None, servers, notices)
 
-    async def open(self, session_id: str, cwd: Path, files: ProjectFiles | None) -> int:
+    async def open(self, session_id: str, cwd: Path, link: EditorLink | None,
+                   mcp_servers: list[Any] | None = None) -> Opened:
         info = await self._request("GET", f"/v1/sessions/{session_id}")
-        return int(info["last_seq"])
+        servers, notices = _not_connected(mcp_servers or [])
+        return Opened(session_id, int(info["last_seq"]), None, servers, notices)
+
+    async def set_mode(self, session_id: str, mode: str) -> None:
+        return None  # the server keeps no ACP mode; this process remembers it while it holds the session
 
     async def stream(self, session_id: str, after: int) -> AsyncIterator[Event]:
         ws_url = self.url.replace("http", "ws", 1) + f"/v1/sessions/{session_id}/ws"

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agent.events import Event
+from backend.acp.command_sync import Approve, CommandReports
+from backend.acp.defaults import DEFAULT_MODE
 from backend.acp.fs_bridge import ProjectFiles
 from backend.acp.updates import EditTexts
 
@@ -36,11 +38,37 @@ class SessionError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class NewSession:
-    """What ``session/new`` asks for. ``mcp_servers`` are recorded with the session."""
+    """What ``session/new`` asks for: the project, a title, the client's ``mcpServers``
+    (the SDK's models; :mod:`backend.acp.mcp_servers`) and the mode it starts in."""
 
     cwd: Path
     title: str = ""
+    mcp_servers: list[Any] = field(default_factory=list)
+    mode: str = DEFAULT_MODE
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A session this process now drives: its id, its last event's ``seq``, the mode
+    stored with it (None: none stored), what became of the client's MCP servers
+    (:class:`backend.acp.mcp_servers.McpStatus` ``servers``) and lines to show the user."""
+
+    session_id: str
+    last_seq: int = 0
+    mode: str | None = None
     mcp_servers: list[dict[str, Any]] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class EditorLink:
+    """How one session's tools reach the editor: its ``files``; asked before a command's
+    changed files are written back (``approve_write_back``, the mode decides); where
+    the write-back reports wait for the command's result (``reports``)."""
+
+    files: ProjectFiles
+    approve_write_back: Approve | None = None
+    reports: CommandReports = field(default_factory=CommandReports)
 
 
 class SessionBackend(Protocol):
@@ -56,12 +84,18 @@ class SessionBackend(Protocol):
         """Whole-file (old, new) texts of the session's edits, where this process sees them."""
         ...
 
-    async def create(self, new: NewSession, files: ProjectFiles | None) -> str:
-        """A new session on a copy of ``new.cwd``; ``files`` ties its file tools to the editor."""
+    async def create(self, new: NewSession, link: EditorLink | None) -> Opened:
+        """A new session on a copy of ``new.cwd`` with the tools of ``new.mcp_servers`` that
+        connect; ``link`` ties its tools to the editor."""
         ...
 
-    async def open(self, session_id: str, cwd: Path, files: ProjectFiles | None) -> int:
-        """Attach to a recorded session; returns its last event's ``seq``."""
+    async def open(self, session_id: str, cwd: Path, link: EditorLink | None,
+                   mcp_servers: list[Any] | None = None) -> Opened:
+        """Attach to a recorded session, with the tools of ``mcp_servers`` that connect."""
+        ...
+
+    async def set_mode(self, session_id: str, mode: str) -> None:
+        """Keep ``mode`` with the session (where the backend can), for the next ``open``."""
         ...
 
     def stream(self, session_id: str, after: int) -> AsyncIterator[Event]:

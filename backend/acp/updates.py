@@ -13,7 +13,9 @@ into ACP updates:
   with the status (``pending``, ``in_progress``, ``completed``, ``failed``)
   and the content so far (the output as text);
 * ``file_edit`` -> a ``diff`` content item (absolute path, old text, new text)
-  on the call that made it.
+  on the call that made it; a command's result also carries a ``diff`` for each
+  file it changed that was written back to the editor, and a notice of what was
+  and was not (``notes``, :mod:`backend.acp.command_sync`; live only).
 
 The kind comes from the tool's declared resources (:meth:`tools.base.Tool.resources`),
 as approval kinds do, not from a list of names: a process that may write is
@@ -72,6 +74,20 @@ MAX_SHOWN_OUTPUT = 64 << 10
 _PATH_PARAMS = ("path",)
 
 
+class WrittenBack(Protocol):
+    path: str
+    old: str | None
+    new: str
+
+
+class CommandNotes(Protocol):
+    """What a command's write-back did (:class:`backend.acp.command_sync.CommandReports`)."""
+
+    def take(self, call_id: str) -> Any:
+        """The report for ``call_id`` (``written``: :class:`WrittenBack` items, ``notice()``), or None."""
+        ...
+
+
 class EditTexts(Protocol):
     """Whole-file texts of the writes a session made, oldest first per path."""
 
@@ -89,6 +105,7 @@ class _Call:
     diffs: list[Any] = field(default_factory=list)
     result: str | None = None
     status: Any = "in_progress"
+    notice: str = ""
 
 
 def tool_kind(tool: Tool | None, args: Mapping[str, Any]) -> ToolKind:
@@ -146,9 +163,11 @@ class UpdateMapper:
     whole-file diff texts (see the module docstring).
     """
 
-    def __init__(self, cwd: Path, *, texts: EditTexts | None = None, tools: list[Tool] | None = None) -> None:
+    def __init__(self, cwd: Path, *, texts: EditTexts | None = None, tools: list[Tool] | None = None,
+                 notes: CommandNotes | None = None) -> None:
         self.cwd = Path(cwd)
         self.texts = texts
+        self.notes = notes
         self.tools = {t.spec.name: t for t in (tools if tools is not None else default_tools(semantic_search=True))}
         self.calls: dict[str, _Call] = {}
 
@@ -222,6 +241,13 @@ class UpdateMapper:
             call = self.calls[e.call_id] = _Call(e.name, {}, "other")
         call.result = e.output[-MAX_SHOWN_OUTPUT:]
         call.status = "completed" if e.ok else "failed"
+        report = self.notes.take(e.call_id) if self.notes is not None and call.kind == "execute" else None
+        if report is not None:
+            for w in report.written:
+                path = self.absolute(w.path)
+                if path is not None:
+                    call.diffs.append(tool_diff_content(path, w.new, w.old))
+            call.notice = report.notice()
         line = e.data.get("line") if isinstance(e.data.get("line"), int) else None
         return [update_tool_call(
             e.call_id, status=call.status, content=self._content(call),
@@ -249,6 +275,8 @@ class UpdateMapper:
             fence = "```" if call.kind == "execute" else ""
             body = f"{fence}\n{shown.rstrip()}\n{fence}" if fence else shown
             items.append(tool_content(text_block(body)))
+        if call.notice:
+            items.append(tool_content(text_block(call.notice)))
         return items
 
 

@@ -180,6 +180,20 @@ class SessionLog(TokenLog):
         with self.engine.begin() as conn:
             conn.execute(update(_SESSIONS).where(_SESSIONS.c.id == session_id).values(status=status, updated_at=now()))
 
+    def merge_source(self, session_id: str, values: dict[str, Any]) -> SessionInfo:
+        """Set ``values``' keys in a session's ``source`` (its other keys are kept), in one
+        transaction; returns the session. ``KeyError`` when there is no such session. For what
+        a driver keeps with a session as it goes (``flywheel acp``: the editor's mode, the
+        specs of tools connected later); not for ``kind``, ``path`` or ``approval_mode``."""
+        with DbSession(self.engine) as db, db.begin():
+            row = db.get(SessionRow, session_id, with_for_update=True)
+            if row is None:
+                raise KeyError(f"no session {session_id!r} in the log")
+            row.source = {**(row.source or {}), **values}
+            row.updated_at = now()
+            db.flush()
+            return SessionInfo.of(row)
+
     def set_rl_outcome(self, session_id: str, *, reward: float | None, status: str) -> None:
         """Record an RL rollout's reward and :class:`rl.types.RolloutStatus` on its session."""
         with DbSession(self.engine) as db, db.begin():

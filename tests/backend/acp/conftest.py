@@ -30,6 +30,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 CALC = "def add(a, b):\n    return a - b\n"
 
+STARTUP_TIMEOUT_S = 120
+"""How long ``flywheel acp`` may take to start and answer ``initialize``: its imports take
+seconds, and minutes of wall time on a machine busy with other work (tests run niced)."""
+
 
 def call(name: str, **params: str) -> str:
     """One tool call in the model's XML format."""
@@ -136,6 +140,7 @@ async def running_agent(client: EditorClient, data_dir: Path, *args: str) -> Asy
     cmd = agent_command(data_dir, *args)
     async with spawn_agent_process(client, cmd[0], *cmd[1:], env=agent_env()) as (conn, proc):
         fs = FileSystemCapabilities(read_text_file=client.fs, write_text_file=client.fs)
-        await asyncio.wait_for(conn.initialize(protocol_version=1, client_capabilities=ClientCapabilities(fs=fs)), 30)
+        await asyncio.wait_for(conn.initialize(protocol_version=1, client_capabilities=ClientCapabilities(fs=fs)),
+                               STARTUP_TIMEOUT_S)
         conn.process = proc
         yield conn

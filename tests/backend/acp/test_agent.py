@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 from acp import RequestError, text_block
-from acp.schema import McpServerStdio
 from sqlalchemy import create_engine, text
 
 from tests.backend.acp.conftest import CALC, FIX, EditorClient, call, running_agent, script
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240)  # each test starts flywheel acp (conftest.STARTUP_TIMEOUT_S)
 
 FIXED = "def add(a, b):\n    return a + b\n"
 
@@ -120,6 +119,9 @@ async def test_cancel_stops_the_turn_within_a_second_and_kills_the_command(tmp_p
         sid = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
         turn = asyncio.ensure_future(_prompt(conn, sid))
         await asyncio.wait_for(client.seen.wait(), 20)
+        deadline = time.monotonic() + 5  # in_progress is sent as the call starts, just before the process
+        while not _host_processes_with("sleep 37.25") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         assert _host_processes_with("sleep 37.25"), "the command should be running"
         t0 = time.monotonic()
         await conn.cancel(session_id=sid)
@@ -183,19 +185,6 @@ async def test_without_fs_capabilities_edits_land_on_disk(tmp_path: Path, projec
     assert (project / "calc.py").read_text() == FIXED
 
 
-async def test_mcp_servers_are_recorded_and_reported_not_connected(tmp_path: Path, project: Path) -> None:
-    client = EditorClient()
-    server = McpServerStdio(name="docs", command="docs-mcp", args=["--x"], env=[{"name": "TOKEN", "value": "s3"}])
-    async with running_agent(client, tmp_path / "data", "--policy", f"scripted:{script(tmp_path, ['hi'])}") as conn:
-        resp = await conn.new_session(cwd=str(project), mcp_servers=[server])
-    assert "not connected yet" in resp.field_meta["flywheel"]["mcpServers"]
-    engine = create_engine(f"sqlite:///{tmp_path / 'data' / 'flywheel.db'}")
-    with engine.connect() as db:
-        source = db.execute(text("select source from sessions where id = :i"), {"i": resp.session_id}).scalar_one()
-    engine.dispose()
-    assert '"docs-mcp"' in source and "s3" not in source  # recorded, without its environment
-
-
 async def test_bad_requests_get_json_rpc_errors_and_the_agent_stays_up(tmp_path: Path, project: Path) -> None:
     client = EditorClient()
     async with running_agent(client, tmp_path / "data", "--policy", f"scripted:{script(tmp_path, ['hi'])}") as conn:
@@ -211,3 +200,36 @@ async def test_bad_requests_get_json_rpc_errors_and_the_agent_stays_up(tmp_path:
         assert "unknown mode" in str(err.value)
         await conn.set_session_mode(session_id=sid, mode_id="ask")
         assert (await _prompt(conn, sid)).stop_reason == "end_turn"
+
+
+async def test_the_mode_is_stored_with_the_session_and_restored_by_session_load(tmp_path: Path, project: Path) -> None:
+    cmd = call("run_command", command="echo hi")
+    policy = f"scripted:{script(tmp_path, [cmd, 'first', cmd, 'second'])}"
+    first = EditorClient()
+    async with running_agent(first, tmp_path / "data", "--mode", "ask", "--policy", policy) as conn:
+        resp = await conn.new_session(cwd=str(project), mcp_servers=[])
+        sid = resp.session_id
+        assert resp.modes.current_mode_id == "ask"
+        await conn.set_session_mode(session_id=sid, mode_id="auto")
+        assert (await _prompt(conn, sid)).stop_reason == "end_turn"
+    assert first.permissions == []  # auto asks nothing
+    engine = create_engine(f"sqlite:///{tmp_path / 'data' / 'flywheel.db'}")
+    with engine.connect() as db:
+        source = db.execute(text("select source from sessions where id = :i"), {"i": sid}).scalar_one()
+    engine.dispose()
+    assert '"acp_mode": "auto"' in source
+    again = EditorClient()
+    async with running_agent(again, tmp_path / "data", "--policy", policy) as conn:  # started in the default mode
+        loaded = await asyncio.wait_for(conn.load_session(cwd=str(project), session_id=sid, mcp_servers=[]), 30)
+        assert loaded.modes.current_mode_id == "auto"
+        assert (await _prompt(conn, sid, "again")).stop_reason == "end_turn"
+        assert "second" in again.text()
+    assert again.permissions == []  # still auto: the command ran unasked
+    fresh = EditorClient()
+    async with running_agent(fresh, tmp_path / "data", "--mode", "ask", "--policy", policy) as conn:
+        new = await conn.new_session(cwd=str(project), mcp_servers=[])
+        assert new.modes.current_mode_id == "ask"
+        await conn.cancel(session_id=new.session_id)
+    with create_engine(f"sqlite:///{tmp_path / 'data' / 'flywheel.db'}").connect() as db:
+        stored = db.execute(text("select source from sessions where id = :i"), {"i": new.session_id}).scalar_one()
+    assert '"acp_mode": "ask"' in stored

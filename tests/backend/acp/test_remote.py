@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 from acp import text_block
+from acp.schema import McpServerStdio
 
 from tests.backend.acp.conftest import FIX, EditorClient, agent_env, running_agent, script
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240)  # a server and flywheel acp start (slow on a busy machine)
 
 
 @pytest.fixture
@@ -42,9 +43,15 @@ async def test_the_bridge_runs_the_session_on_the_server(tmp_path: Path, project
     client = EditorClient()
     async with running_agent(client, tmp_path / "acp-data", "--server", url, "--token", token,
                              "--policy", f"scripted:{script(tmp_path, FIX)}") as conn:
-        sid = (await conn.new_session(cwd=str(project), mcp_servers=[])).session_id
+        docs = McpServerStdio(name="docs", command="docs-mcp", args=[], env=[{"name": "K", "value": "s3"}])
+        new = await conn.new_session(cwd=str(project), mcp_servers=[docs])
+        sid = new.session_id
         resp = await asyncio.wait_for(conn.prompt(session_id=sid, prompt=[text_block("fix add")]), 30)
     assert resp.stop_reason == "end_turn"
+    # the editor's MCP servers do not reach the server's sessions, and the user is told
+    (status,) = new.field_meta["flywheel"]["mcpServers"]
+    assert status["connected"] is False and "sessions run on the server" in status["error"]
+    assert client.of("agent_message_chunk")[0]["content"]["text"].startswith("[MCP server 'docs' is not connected")
     assert [u["kind"] for u in client.of("tool_call")] == ["read", "edit", "execute"]
     assert [p["toolCallId"] for p in client.permissions] == ["t1s3c0"]  # asked over the server's WebSocket
     done = [u for u in client.call_updates("t1s3c0") if u.get("status") == "completed"][-1]

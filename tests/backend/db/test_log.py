@@ -95,3 +95,18 @@ def test_a_turn_sets_the_status_in_the_commits_of_its_first_and_last_events(engi
     log.set_status(sid, "cancelled")
     log.append([TurnStarted(seq=6, session_id=sid, turn=3)])
     assert log.get_session(sid).status == "cancelled"  # events never undo a cancel
+
+
+def test_merge_source_sets_keys_and_keeps_the_others(engine: Engine) -> None:
+    import pytest
+
+    log = SessionLog(engine)
+    with log.engine.begin() as conn:
+        conn.exec_driver_sql("INSERT INTO snapshots (id, manifest, created_at) VALUES ('s0', '{}', '2026-01-01')")
+    sid = log.create_session(id="sess2", owner="u", source={"kind": "dir", "acp_mode": "ask"}, workspace_id="w",
+                             base_snapshot="s0", policy={}).id
+    info = log.merge_source(sid, {"acp_mode": "auto", "external_tools": [{"name": "t"}]})
+    assert info.source == {"kind": "dir", "acp_mode": "auto", "external_tools": [{"name": "t"}]}
+    assert log.get_session(sid).source == info.source
+    with pytest.raises(KeyError, match="no session"):
+        log.merge_source("nope", {"a": 1})
