@@ -223,8 +223,10 @@ async def test_output_streams_coalesced_and_before_its_result(workspace) -> None
     deltas = sink.of_type(ToolOutputDelta)
     assert "".join(d.text for d in deltas) == "".join(f"line {i}\n" for i in range(20))
     assert 2 <= len(deltas) <= took / 0.1 + 2  # several, but at most one per interval
-    gaps = [b.ts - a.ts for a, b in zip(deltas, deltas[1:])]
-    assert min(gaps) >= 0.09, gaps
+    # at most one delta per interval while the command runs; the last one is the flush at its exit,
+    # which may come sooner after the one before it (on a loaded machine the last lines arrive late)
+    gaps = [b.ts - a.ts for a, b in zip(deltas, deltas[1:-1])]
+    assert not gaps or min(gaps) >= 0.09, gaps
     result = next(e for e in sink.of_type(ToolResultEvent) if e.call_id == "t1s1c0")
     assert all(d.seq < result.seq for d in deltas) and not any(d.cut for d in deltas)
     assert [e.seq for e in sink.events] == list(range(1, len(sink.events) + 1))
