@@ -15,7 +15,7 @@ copies are not re-run — each is checked instead (below).
 How a renaming is checked: the task's draft is generated again with the task's word list
 rewritten by the same mapping (:func:`rl.tasks.families.generate` with ``words=``; the
 generator draws the same positions, so the structure is identical) and the text substitution
-must turn the original request, start files and solution into exactly the regenerated ones.
+must turn the task's own request and start files into exactly the regenerated ones.
 A task whose names collide with the scaffold (Python keywords and builtins, the ``unittest``
 API, the system prompt's and tool schemas' words) is never renamed.
 
@@ -54,6 +54,7 @@ _FIXED = frozenset(_LETTERS.findall(
     "recent call last File line module AssertionError ImportError ModuleNotFoundError NameError "
     "AttributeError SyntaxError ERROR FAIL python python3 unittest discover true false none null"))
 _CHAT_START = "<|user|>"
+_POOL_SET = frozenset(TRAIN_WORDS)
 
 
 def _random_word(rng: random.Random) -> str:
@@ -104,9 +105,11 @@ def renaming_for(task: Task, rng: random.Random, *, system_text: str = "",
     renamed safely (no recorded names, a name in the scaffold, or a substitution the regenerated task
     contradicts)."""
     from rl.tasks.families import FAMILIES, generate
+    from rl.tasks.spec import GeneratedSource
+    from rl.types import Split
 
     words = task.metadata.get("words") if isinstance(task.metadata, dict) else None
-    if task.family not in FAMILIES or not words or not task.split.value == "train":
+    if task.family not in FAMILIES or not words or task.split is not Split.TRAIN:
         return None
     protected = _protected(system_text)
     if any(w.lower() in protected for w in words):
@@ -115,20 +118,16 @@ def renaming_for(task: Task, rng: random.Random, *, system_text: str = "",
     mapping = {w: _fresh(rng, avoid, pool_share) for w in words}
     try:
         draft = generate(task.family, task.split, task.seed, task.difficulty, words=renamed_words(mapping))
-        orig = generate(task.family, task.split, task.seed, task.difficulty)
     except (ValueError, TypeError):
         return None
-    if orig.metadata.get("words") != list(words):
-        return None  # the task was not built from (family, split, seed, difficulty) as recorded
-    pairs: Iterable[tuple[str, str]] = [(orig.request, draft.request)]
-    pairs = [*pairs, *((orig.files[p], draft.files.get(apply_renaming(p, mapping), "\0")) for p in orig.files),
-             *(((orig.solution[p] or ""), (draft.solution.get(apply_renaming(p, mapping)) or "")) for p in orig.solution)]
-    if any(apply_renaming(a, mapping) != b for a, b in pairs):
+    files = task.source.files if isinstance(task.source, GeneratedSource) else None
+    if files is None or apply_renaming(task.request, mapping) != draft.request:
+        return None
+    # the task's own start files (what its demonstrations read), renamed, must be the regenerated ones
+    if {apply_renaming(p, mapping): apply_renaming(t, mapping) for p, t in files.items()} != draft.files:
         return None
     return mapping
 
-
-_POOL_SET = frozenset(TRAIN_WORDS)
 
 
 def renamed_words(mapping: Mapping[str, str]) -> tuple[str, ...]:
