@@ -44,7 +44,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("request", nargs="?", help="what to ask the agent (default: the demo's request)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--workspace", type=Path, help="local directory to copy into the session's workspace")
+    src.add_argument("--workspace", type=Path, help="local directory the session works on (never written): the "
+                     "read-only lower layer of a copy-on-write workspace where overlays work (root, no --data-dir), "
+                     "else copied")
     src.add_argument("--git", type=Path, metavar="REPO", help="git repository to check out (with --commit)")
     p.add_argument("--commit", default="HEAD", help="commit for --git (default: HEAD)")
     p.add_argument(
@@ -64,6 +66,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-steps", type=int, default=30, help="model calls per turn (default 30)")
     p.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit for the turn, seconds")
     p.add_argument("--data-dir", type=Path, help="keep the workspace here (default: a temporary directory)")
+    p.add_argument("--copy", action="store_true",
+                   help="copy --workspace into the session's workspace instead of mounting it in place (isolated from your later edits; slow for a big tree)")
     p.add_argument("--no-record", action="store_true",
                    help="do not record the session in the local session log (by default it is, where `flywheel "
                    "serve` keeps it: FLYWHEEL_DB_URL, else FLYWHEEL_DATA_DIR, else ~/.local/share/flywheel, so "
@@ -419,91 +423,95 @@ async def _run(args: argparse.Namespace) -> int:
         store_root = Path(tmp.name)
     else:
         store_root = args.data_dir
-    store = WorkspaceStore(store_root)
+    # A temporary store mounts copy-on-write workspaces where overlays work here (else copies); a kept
+    # one (--data-dir) holds a plain copy, since a mount would not outlive this process.
+    store = WorkspaceStore(store_root, overlay=None if tmp is not None else False)
     try:
-        sandbox = make_sandbox(allow_unsandboxed=allow_unsafe, hide=[store.root], extra_ro=local.sandbox_extra_ro)
-    except SandboxUnavailable as exc:
-        raise CliError(str(exc)) from None
-    try:
-        if args.git is not None:
-            workspace = store.from_git(args.git, args.commit)
-        else:
-            src = args.workspace or DEMO_DIR / "workspace"
-            if not src.is_dir():
-                raise CliError(f"--workspace {src} is not a directory")
-            workspace = store.from_dir(src)
-    except (OSError, ValueError, WorkspaceError) as exc:
-        raise CliError(f"could not create the workspace: {exc}") from None
+        try:
+            sandbox = make_sandbox(allow_unsandboxed=allow_unsafe, hide=[store.root], extra_ro=local.sandbox_extra_ro)
+        except SandboxUnavailable as exc:
+            raise CliError(str(exc)) from None
+        try:
+            if args.git is not None:
+                workspace = store.from_git(args.git, args.commit)
+            else:
+                src = args.workspace or DEMO_DIR / "workspace"
+                if not src.is_dir():
+                    raise CliError(f"--workspace {src} is not a directory")
+                workspace = store.from_dir(src, in_place=not args.copy)
+        except (OSError, ValueError, WorkspaceError) as exc:
+            raise CliError(f"could not create the workspace: {exc}") from None
 
-    toolset = await _mcp_toolset(args)
-    out = sys.stdout
-    sink_fn = (lambda e: print(event_to_json(e), file=out, flush=True)) if args.json else Transcript(out)
-    recorder = None if args.no_record else _start_recording(
-        args, workspace, request=request, policy_config=policy_config, approval_mode=client.approval_mode,
-        kept_in=None if tmp is not None else store.root, external_tools=[t.spec for t in toolset.tools])
-    sink = CallbackSink(sink_fn) if recorder is None else FanoutSink(recorder, CallbackSink(sink_fn))
-    index = None
-    if args.semantic_search:
-        from embeddings.index import WorkspaceIndex
+        toolset = await _mcp_toolset(args)
+        out = sys.stdout
+        sink_fn = (lambda e: print(event_to_json(e), file=out, flush=True)) if args.json else Transcript(out)
+        recorder = None if args.no_record else _start_recording(
+            args, workspace, request=request, policy_config=policy_config, approval_mode=client.approval_mode,
+            kept_in=None if tmp is not None else store.root, external_tools=[t.spec for t in toolset.tools])
+        sink = CallbackSink(sink_fn) if recorder is None else FanoutSink(recorder, CallbackSink(sink_fn))
+        index = None
+        if args.semantic_search:
+            from embeddings.index import WorkspaceIndex
 
-        print("indexing the workspace for semantic_search…", file=sys.stderr)
-        index = WorkspaceIndex(workspace.root, data_dir=local.search_index_dir)
-        stats = await asyncio.to_thread(index.refresh, progress=sys.stderr.isatty())
-        print(f"indexed {stats.files} files, {stats.chunks} chunks ({stats.embedded} embedded now)", file=sys.stderr)
-    loop = asyncio.get_running_loop()
-    lines = approver = None
-    if client.approval_mode != "auto":
-        if args.yes:
-            approver = YES
-        else:
-            lines = StdinLines(loop)
-            lines.start()
-            approver = TerminalApprover(lines.queue.get, sys.stderr if args.json else out)
-    session = build_session(
-        SessionParts(workspace=workspace, sandbox=sandbox, search_index=index, extra_tools=tuple(toolset.tools)),
-        policy=policy, limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout), sink=sink,
-        approval_mode=client.approval_mode, approver=approver, session_id=recorder.session_id if recorder else None,
-    )
-    with contextlib.suppress(NotImplementedError, RuntimeError):
-        loop.add_signal_handler(signal.SIGINT, session.interrupt)
-    from backend.db.writer import EventRejected, LogUnavailable
-
-    try:
-        outcome = await session.run_turn(request)
-    except (LogUnavailable, EventRejected) as exc:
-        raise CliError(f"recording the session failed ({exc}); --no-record runs without recording") from None
-    finally:
-        if lines is not None:
-            lines.stop()  # the review below reads its answer with input()
-        if recorder is not None:
-            problem = await recorder.finish(workspace)
-            note = f"recorded as session {recorder.session_id} (flywheel sessions show {recorder.session_id[:12]})"
-            print(note + (f"; {problem}" if problem else ""), file=sys.stderr if args.json else out)
-        await policy.aclose()
-        await toolset.close()
-        if index is not None:
-            index.close()
+            print("indexing the workspace for semantic_search…", file=sys.stderr)
+            index = WorkspaceIndex(workspace.root, data_dir=local.search_index_dir)
+            stats = await asyncio.to_thread(index.refresh, progress=sys.stderr.isatty())
+            print(f"indexed {stats.files} files, {stats.chunks} chunks ({stats.embedded} embedded now)", file=sys.stderr)
+        loop = asyncio.get_running_loop()
+        lines = approver = None
+        if client.approval_mode != "auto":
+            if args.yes:
+                approver = YES
+            else:
+                lines = StdinLines(loop)
+                lines.start()
+                approver = TerminalApprover(lines.queue.get, sys.stderr if args.json else out)
+        session = build_session(
+            SessionParts(workspace=workspace, sandbox=sandbox, search_index=index, extra_tools=tuple(toolset.tools)),
+            policy=policy, limits=Limits(max_steps=args.max_steps, max_wall_s=args.timeout), sink=sink,
+            approval_mode=client.approval_mode, approver=approver, session_id=recorder.session_id if recorder else None,
+        )
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGINT)  # Ctrl-C at the prompt below quits
-    if not args.json:
-        changed = workspace.diff()
-        print()
-        if changed:
-            print(f"workspace changes ({len(workspace.changed_paths())} file(s)):")
-            changed = inert(changed)  # file names and contents are untrusted
-            print(changed, end="" if changed.endswith("\n") else "\n")
-        else:
-            print("no workspace changes")
-        if tmp is None:
-            print(f"workspace kept at {workspace.root}")
-    status = 0 if outcome.reason == "completed" else 1
-    status = max(status, _review(args, workspace, None if demo else (args.workspace or args.git)))
-    if tmp is None:  # the host's git may now touch the kept tree: disable planted hooks and config
-        print(workspace.neutralise_git().summary(), file=sys.stderr)
-    if tmp is not None:
-        workspace.close()
-        tmp.cleanup()
-    return status
+            loop.add_signal_handler(signal.SIGINT, session.interrupt)
+        from backend.db.writer import EventRejected, LogUnavailable
+
+        try:
+            outcome = await session.run_turn(request)
+        except (LogUnavailable, EventRejected) as exc:
+            raise CliError(f"recording the session failed ({exc}); --no-record runs without recording") from None
+        finally:
+            if lines is not None:
+                lines.stop()  # the review below reads its answer with input()
+            if recorder is not None:
+                problem = await recorder.finish(workspace)
+                note = f"recorded as session {recorder.session_id} (flywheel sessions show {recorder.session_id[:12]})"
+                print(note + (f"; {problem}" if problem else ""), file=sys.stderr if args.json else out)
+            await policy.aclose()
+            await toolset.close()
+            if index is not None:
+                index.close()
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGINT)  # Ctrl-C at the prompt below quits
+        if not args.json:
+            changed = workspace.diff()
+            print()
+            if changed:
+                print(f"workspace changes ({len(workspace.changed_paths())} file(s)):")
+                changed = inert(changed)  # file names and contents are untrusted
+                print(changed, end="" if changed.endswith("\n") else "\n")
+            else:
+                print("no workspace changes")
+            if tmp is None:
+                print(f"workspace kept at {workspace.root}")
+        status = 0 if outcome.reason == "completed" else 1
+        status = max(status, _review(args, workspace, None if demo else (args.workspace or args.git)))
+        if tmp is None:  # the host's git may now touch the kept tree: disable planted hooks and config
+            print(workspace.neutralise_git().summary(), file=sys.stderr)
+        return status
+    finally:
+        if tmp is not None:  # unmounted first: a temporary store must not be removed while mounted
+            store.unmount_all()
+            tmp.cleanup()
 
 
 def _start_recording(args: argparse.Namespace, workspace: Workspace, *, request: str, policy_config: object,

@@ -226,6 +226,10 @@ class Hub:
         self.workspace_view = workspace_view
         # A session another process is recording right now (a `flywheel run`): not left open by a crash.
         self.running_elsewhere = running_elsewhere
+        # Whether other processes may mount workspaces of this store at the same time (``flywheel
+        # acp``: one process per editor window, sharing a data directory): shutdown then unmounts
+        # only the workspaces this hub had live, never the others' (``flywheel serve`` owns its store).
+        self.shared_store = False
 
     def live_parts(self, workspace: WorkspaceLike, extra_tools: tuple[Tool, ...] = ()) -> SessionParts:
         """Parts for a live session: the server's sandbox and the workspace's pooled
@@ -298,7 +302,11 @@ class Hub:
             self.indexes.close()
         # Synchronously, not left to the exit hook or the reaper: whoever removes or reuses the
         # data directory next finds nothing mounted (workspaces mount again when next opened).
-        await asyncio.to_thread(self.store.unmount_all)
+        if not self.shared_store:
+            await asyncio.to_thread(self.store.unmount_all)
+        else:
+            for live in list(self.live.values()):
+                await asyncio.to_thread(self.store.unmount, live.workspace)
 
     # -- sessions --------------------------------------------------------------
 
@@ -484,6 +492,10 @@ class Hub:
         write competes with the event writer for the database during a turn."""
         failed = False
         try:
+            # A workspace opened in place stores its starting files' bytes in the background, read
+            # from the user's directory: done before the turn's first edit may land there (an ACP
+            # write-back), so the starting snapshot stays restorable. Milliseconds once stored.
+            await asyncio.to_thread(self.store.blobs.wait)
             await live.session.run_turn(text, policy=policy)
         except Exception:
             failed = True  # e.g. the log failed: its turn_end may not be stored

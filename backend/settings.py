@@ -202,6 +202,12 @@ class Settings(LocalSettings):
         "auto", description="auto: session workspaces are copy-on-write overlays where they work here (forks, "
         "branches and checkpoints cost milliseconds; unmounted at shutdown, stale mounts cleaned at start); "
         "off: plain copies (FLYWHEEL_WORKSPACE_OVERLAY=off)")
+    workspace_source: Literal["in-place", "copy"] = Field(
+        "in-place", description="in-place: a session opened on a directory mounts that directory itself as the "
+        "read-only lower layer of its overlay (milliseconds whatever its size; the directory is never written, and "
+        "its later changes to files the session has not written show through); copy: the directory is first copied "
+        "into the data directory (isolated from later changes; seconds to minutes for a big tree). Without "
+        "overlays a session is always a copy (FLYWHEEL_WORKSPACE_SOURCE=copy)")
     semantic_search: bool = Field(
         True, description="give sessions the semantic_search tool; each workspace is indexed in the background "
         "(embeddings cached in data_dir/index, shared by all workspaces)")

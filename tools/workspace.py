@@ -376,6 +376,14 @@ class WorkspaceStore:
             return
         self.trees.remove(ws.id, ws.layout)
 
+    def unmount(self, ws: Workspace) -> list[str]:
+        """Unmount ``ws``'s tree now (synchronously; lazily if busy); it stays (:meth:`open`
+        mounts it again). For a process sharing the store with others (``flywheel acp``) that
+        is done with its own workspaces. Returns the mountpoints."""
+        if ws.layout.layering is not Layering.OVERLAY or not (self.root / "ws" / ws.id).exists():
+            return []
+        return detach_under(self.root / "ws" / ws.id)
+
     def unmount_all(self) -> list[str]:
         """Unmount every workspace tree of this store now (synchronously; a busy one lazily), whoever
         mounted it; the workspaces stay (:meth:`open` mounts one again). For a process done with the

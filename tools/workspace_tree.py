@@ -15,6 +15,12 @@ File access for tools goes through :mod:`tools.paths`, so a model-supplied
 path never leaves the tree. The store's own operations (snapshot, restore)
 walk by directory fds and never follow symlinks.
 
+A tree mounted over a host directory in place shows that directory's later
+changes to paths the workspace has not written; its changes (``changed_paths``,
+``diff``, ``revert``) list only paths the workspace wrote
+(:mod:`tools.overlay_writes`), so a user's own edit is never taken for the
+session's, while snapshots record the tree as it is.
+
 Not guaranteed: changing a workspace's ``.gitignore`` changes what later
 diffs show (a newly ignored file of the starting snapshot still shows,
 since it is kept; a newly ignored added file does not); a workspace is not
@@ -44,6 +50,7 @@ from tools.diffs import (
 )
 from tools.gitignore import IgnoreRules, manifest_loader, tree_loader
 from tools.gitsafe import GitNeutralised, neutralise_git
+from tools.overlay_writes import WrittenMarks, written_marks
 from tools.paths import (
     PathError,
     PathNotFoundError,
@@ -246,15 +253,25 @@ class Workspace:
 
         new_m = build_manifest(self.root, None, max_file_bytes=self.store.max_file_bytes, on_limit=skip,
                                ignore=self.ignore_rules(self._kept(old_base)))
+        written = self._written_marks()
         for path in sorted(set(old_m) | set(new_m)):
             old, new = old_m.get(path), new_m.get(path)
             old = old if old and old.kind is not EntryKind.DIR else None
             new = new if new and new.kind is not EntryKind.DIR else None
             if old == new:
                 continue
+            if written is not None and not written.covers(path):
+                continue  # the source's own change, showing through: not the session's
             kind = ChangeKind.ADDED if old is None else ChangeKind.DELETED if new is None else ChangeKind.MODIFIED
             found.changes.append((path, kind, old, new))
         return found
+
+    def _written_marks(self) -> WrittenMarks | None:
+        """For a tree mounted over a host directory in place: the paths this workspace wrote
+        (:mod:`tools.overlay_writes`); None for every other layout (everything is the workspace's)."""
+        if self.layout.layering is not Layering.OVERLAY or self.layout.source is None:
+            return None
+        return written_marks([self.root.parent / "upper", *(self.store.layers.path(lid) for lid in self.layout.layers)])
 
     def _old_bytes(self, path: str, entry: ManifestEntry) -> bytes:
         if entry.kind is EntryKind.SYMLINK:

@@ -290,18 +290,21 @@ class EditorWorkspace:
             what = "created" if old_text is None else "changed"
             raise ToolError(f"{target} was {what} in the editor since you last read it; nothing was written. "
                             "read_file it again and redo the edit on its current content")
+        # The copy first, then the editor: a copy mounted over the project in place would see the
+        # editor's save show through before its own write, and record an empty diff.
+        edit: FileEdit = self._inner.write_bytes(rel, data)
         try:
             self._files.write_text(target, new_text)
-        except ProjectFilesError as exc:
-            raise ToolError(f"{exc}; nothing was written") from None
-        try:
-            edit: FileEdit = self._inner.write_bytes(rel, data)
-        except BaseException:
-            if old_text is not None:
-                try:
-                    self._files.write_text(target, old_text)
-                except ProjectFilesError:
-                    log.error("could not put %s back in the project after a failed write", target)
+        except BaseException as exc:
+            try:
+                if old is None:
+                    os.unlink(self._inner.real_path(self._inner.resolve(rel)))
+                else:
+                    self._inner.write_bytes(rel, old)
+            except Exception:
+                log.error("could not put %s back in the copy after a failed write to the editor", target)
+            if isinstance(exc, ProjectFilesError):
+                raise ToolError(f"{exc}; nothing was written") from None
             raise
         self.agreed[target] = text_digest(new_text)
         self.texts.record(edit.path, old_text, new_text)

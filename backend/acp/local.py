@@ -97,8 +97,13 @@ class LocalSessions:
         self._engine = make_engine(self.settings.database_url)
         await asyncio.to_thread(migrate, self._engine)
         session_log = SessionLog(self._engine)
-        store = WorkspaceStore(self.settings.data_dir / "workspaces")
+        # Copy-on-write like the server's, but shared: other editor windows' agents may have their
+        # sessions of this data directory mounted now, so nothing is cleaned at start and only this
+        # process's sessions are unmounted at close (a killed agent's mounts go with its reaper).
+        store = WorkspaceStore(self.settings.data_dir / "workspaces",
+                               overlay=None if self.settings.workspace_overlay == "auto" else False)
         self.hub = make_hub(self.settings, session_log, store, workspace_view=self._view)
+        self.hub.shared_store = True
         if self.hub.sandbox is not None:
             self.hub.sandbox = WriteBackSandbox(self.hub.sandbox, self._syncs)
         try:
@@ -149,9 +154,10 @@ class LocalSessions:
         if not cwd.is_dir():
             raise SessionError(f"the working directory {new.cwd} is not a directory")
         try:
-            workspace = await asyncio.to_thread(self._hub.store.from_dir, cwd)
+            workspace = await asyncio.to_thread(self._hub.store.from_dir, cwd,
+                                                in_place=self.settings.workspace_source == "in-place")
         except (OSError, WorkspaceError) as exc:
-            raise SessionError(f"cannot copy {cwd} into a workspace: {exc}") from None
+            raise SessionError(f"cannot open {cwd} as a workspace: {exc}") from None
         status = await connect_mcp(new.mcp_servers)
         source: dict[str, Any] = {"kind": "dir", "path": str(cwd), "client": "acp", "acp_mode": new.mode}
         if status.servers:

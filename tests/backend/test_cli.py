@@ -14,6 +14,7 @@ import pytest
 from agent.events import event_from_json
 from agent.parser import encode_call
 from tests.terminal import on_terminal
+from tools.overlay import overlay_unavailable
 
 RUN = [sys.executable, "-m", "backend.cli", "run"]
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap (bwrap) is not installed")
@@ -149,10 +150,11 @@ def test_apply_writes_the_changes_to_the_original(tmp_path: Path) -> None:
 
 
 def test_apply_refuses_when_the_original_changed_meanwhile(tmp_path: Path) -> None:
+    """A copied workspace (--copy) does not see the user's edit: the apply then finds it and refuses."""
     src, script = _edit_project(tmp_path, encode_call("run_command", {"command": "sleep 2"}))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "backend.cli", "run", "--workspace", str(src), "--policy", f"scripted:{script}",
-         "--yes", "change it"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "backend.cli", "run", "--workspace", str(src), "--copy", "--policy",
+         f"scripted:{script}", "--yes", "change it"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "NO_COLOR": "1", **NO_BWRAP, "XDG_CONFIG_HOME": str(tmp_path / "cfg")},
         cwd=Path(__file__).resolve().parents[2])
     assert proc.stdout is not None
@@ -168,6 +170,45 @@ def test_apply_refuses_when_the_original_changed_meanwhile(tmp_path: Path) -> No
     saved = Path(out.split("saved as a patch: ")[1].split()[0])
     try:
         assert "+bee" in saved.read_text()  # the work is not lost
+    finally:
+        saved.unlink()
+
+
+def test_in_place_the_agent_sees_the_users_edit_and_a_clash_is_refused(tmp_path: Path) -> None:
+    """Mounted in place (the default where overlays work), the session sees the user's edits to files it
+    has not written; one to a file it wrote is refused at the apply, and never taken for the session's."""
+    if overlay_unavailable(tmp_path) is not None:
+        pytest.skip("overlays do not work here: flywheel run copies the directory")
+    src = tmp_path / "proj"
+    src.mkdir()
+    (src / "a.txt").write_text("old\n")
+    (src / "notes.txt").write_text("v1\n")
+    script = tmp_path / "s.json"
+    script.write_text(json.dumps([
+        encode_call("edit_file", {"path": "a.txt", "search": "old", "replace": "new"}),
+        encode_call("run_command", {"command": "sleep 2"}),
+        encode_call("run_command", {"command": "cat notes.txt"}),
+        "done",
+    ]))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "backend.cli", "run", "--workspace", str(src), "--policy", f"scripted:{script}",
+         "--yes", "change it"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path),
+        cwd=Path(__file__).resolve().parents[2])
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "sleep 2" in line:
+            break
+    (src / "a.txt").write_text("the user's edit\n")
+    (src / "notes.txt").write_text("v2 from the editor\n")
+    out, err = proc.communicate(timeout=60)
+    assert "v2 from the editor" in out  # the command saw the user's newer notes
+    assert "workspace changes (1 file(s))" in out and "notes.txt" not in out.split("workspace changes")[1]
+    assert proc.returncode == 1, out + err
+    assert (src / "a.txt").read_text() == "the user's edit\n" and "a.txt: edited there since" in out
+    assert (src / "notes.txt").read_text() == "v2 from the editor\n"
+    saved = Path(out.split("saved as a patch: ")[1].split()[0])
+    try:
+        assert "+new" in saved.read_text()
     finally:
         saved.unlink()
 

@@ -92,7 +92,8 @@ async def create_session(body: CreateSession, state: StateDep, user: CurrentUser
         raise InvalidRequest(f"{src.path} is not a directory")
     try:
         if src.path is not None:
-            workspace = await asyncio.to_thread(state.store.from_dir, origin)
+            workspace = await asyncio.to_thread(state.store.from_dir, origin,
+                                                  in_place=state.settings.workspace_source == "in-place")
             source = {"kind": "dir", "path": str(origin)}
         else:
             workspace = await asyncio.to_thread(state.store.from_git, origin, src.commit)
