@@ -57,6 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         stale = await asyncio.to_thread(store.unmount_all)
         if stale:
             log.warning("unmounted %d workspace(s) a previous server left mounted", len(stale))
+        await asyncio.to_thread(store.overlay_unavailable)  # probed now, not in the first session's open
         toolset = await _external_tools(settings)
         hub = make_hub(settings, session_log, store, extra_tools=tuple(toolset.tools),
                        running_elsewhere=lambda sid: run_in_progress(settings.data_dir, sid))

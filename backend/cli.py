@@ -510,6 +510,7 @@ async def _run(args: argparse.Namespace) -> int:
         return status
     finally:
         if tmp is not None:  # unmounted first: a temporary store must not be removed while mounted
+            store.blobs.wait()  # nor while the starting files' bytes are still being stored into it
             store.unmount_all()
             tmp.cleanup()
 
