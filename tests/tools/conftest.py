@@ -10,6 +10,7 @@ import pytest
 
 from tools import paths
 from tools.base import ToolContext
+from tools.overlay import overlay_unavailable
 from tools.workspace import Workspace, WorkspaceStore
 
 CANARY = "CANARY-7f3a-do-not-leak"
@@ -74,3 +75,12 @@ def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     else:
         monkeypatch.setattr(paths, "_openat2_state", False)
     return str(request.param)
+
+
+@pytest.fixture
+def cow_store(tmp_path: Path) -> WorkspaceStore:
+    """A store that mounts copy-on-write overlays (the test is skipped where they do not work)."""
+    reason = overlay_unavailable(tmp_path)
+    if reason is not None:
+        pytest.skip(f"overlays do not work here ({reason}): copy-on-write is not tested")
+    return WorkspaceStore(tmp_path / "store", overlay=True)

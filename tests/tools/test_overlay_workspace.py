@@ -15,7 +15,7 @@ import pytest
 
 from tools import delayed_progress, overlay
 from tools import workspace_layout
-from tools.overlay import mounts_under, overlay_unavailable, upper_dir
+from tools.overlay import mounts_under, upper_dir
 from tools.treewalk import remove_path
 from tools.workspace import Layering, Workspace, WorkspaceError, WorkspaceStore
 
@@ -25,12 +25,6 @@ from .test_workspace import tree_state
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def cow_store(tmp_path: Path) -> WorkspaceStore:
-    reason = overlay_unavailable(tmp_path)
-    if reason is not None:
-        pytest.skip(f"overlays do not work here ({reason}): copy-on-write is not tested")
-    return WorkspaceStore(tmp_path / "store", overlay=True)
 
 
 def layer_dirs(store: WorkspaceStore) -> list[str]:

@@ -5,23 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-
 from backend.apply_back import ChangeSet, apply_changes
-from tools.overlay import overlay_unavailable
 from tools.overlay_writes import WrittenMarks, written_marks
-from tools.workspace import WorkspaceStore
+from tools.workspace import Workspace, WorkspaceStore
 
 
-@pytest.fixture
-def cow_store(tmp_path: Path) -> WorkspaceStore:
-    reason = overlay_unavailable(tmp_path)
-    if reason is not None:
-        pytest.skip(f"overlays do not work here ({reason}): in-place workspaces are not tested")
-    return WorkspaceStore(tmp_path / "store", overlay=True)
-
-
-def changes(ws) -> list[tuple[str, str]]:
+def changes(ws: Workspace) -> list[tuple[str, str]]:
     return [(c.path, str(c.kind)) for c in ws.changed_paths()]
 
 
