@@ -67,7 +67,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=1800.0, help="wall-clock limit for the turn, seconds")
     p.add_argument("--data-dir", type=Path, help="keep the workspace here (default: a temporary directory)")
     p.add_argument("--copy", action="store_true",
-                   help="copy --workspace into the session's workspace instead of mounting it in place (isolated from your later edits; slow for a big tree)")
+                   help="copy --workspace into the session's workspace instead of mounting it in place "
+                   "(isolated from your later edits; slow for a big tree)")
     p.add_argument("--no-record", action="store_true",
                    help="do not record the session in the local session log (by default it is, where `flywheel "
                    "serve` keeps it: FLYWHEEL_DB_URL, else FLYWHEEL_DATA_DIR, else ~/.local/share/flywheel, so "
@@ -456,7 +457,8 @@ async def _run(args: argparse.Namespace) -> int:
             print("indexing the workspace for semantic_search…", file=sys.stderr)
             index = WorkspaceIndex(workspace.root, data_dir=local.search_index_dir)
             stats = await asyncio.to_thread(index.refresh, progress=sys.stderr.isatty())
-            print(f"indexed {stats.files} files, {stats.chunks} chunks ({stats.embedded} embedded now)", file=sys.stderr)
+            print(f"indexed {stats.files} files, {stats.chunks} chunks ({stats.embedded} embedded now)",
+                  file=sys.stderr)
         loop = asyncio.get_running_loop()
         lines = approver = None
         if client.approval_mode != "auto":

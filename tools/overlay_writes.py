@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.overlay import OPAQUE_XATTR
+from tools.overlay import is_opaque
 from tools.treewalk import TreeItem, TreeLimitError, scan_tree
 
 __all__ = ["WrittenMarks", "written_marks"]
@@ -87,13 +87,12 @@ def _replaces_source_dir(item: TreeItem) -> bool:
     except OSError:
         return False
     try:
-        for name in (OPAQUE_XATTR, _REDIRECT_XATTR):
-            try:
-                value = os.getxattr(fd, name)
-            except OSError:
-                continue
-            if name == _REDIRECT_XATTR or value == b"y":
-                return True
-        return False
+        if is_opaque(fd):
+            return True
+        try:
+            os.getxattr(fd, _REDIRECT_XATTR)
+        except OSError:
+            return False
+        return True
     finally:
         os.close(fd)
