@@ -399,6 +399,8 @@ async def _run(args: argparse.Namespace) -> int:
     if why is not None:
         raise CliError(why)
     demo = args.workspace is None and args.git is None
+    if args.copy and args.workspace is None:
+        raise CliError("--copy applies to --workspace DIR (--git always checks out a copy)")
     request = args.request
     policy_spec = args.policy
     if demo:

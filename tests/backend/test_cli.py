@@ -95,6 +95,7 @@ def test_git_workspace_at_commit(tmp_path: Path) -> None:
         (["run", "--workspace", ".", "--policy", "scripted:missing.json", "hi"], "script file not found"),
         (["run", "--workspace", ".", "--policy", "gpt5", "hi"], "unknown policy 'gpt5'"),
         (["run", "--workspace", ".", "hi"], "choose a policy"),
+        (["run", "--copy", "--policy", "demo", "hi"], "--copy applies to --workspace"),
         (["run", "--git", "/tmp", "--commit", "deadbeef", "--policy", "openai", "hi"], "could not create the workspace"),
     ],
 )
