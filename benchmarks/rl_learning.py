@@ -112,7 +112,8 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         (root / "copy_drills.json").write_text(json.dumps(drills))
     (root / "sft.json").write_text(json.dumps({"sft": {
         "lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": args.sft_steps, "eval_every": 50,
-        "patience": 4, "demos_per_task": 1, "renamings": args.sft_renamings}}))
+        "patience": 4, "demos_per_task": 1, "renamings": args.sft_renamings,
+        "edit_context": args.sft_edit_context}}))
     rc = _cmd_sft(argparse.Namespace(tasks=tasks_file, init=init, out=sft, config=root / "sft.json",
                                      seed=sft_seed))
     if rc != 0:
@@ -230,6 +231,8 @@ def main() -> None:
                     help="train on copy drills this many steps between pretraining and SFT (agent.model.copy_drills)")
     ap.add_argument("--sft-renamings", type=int,
                     help="renamed copies of each SFT training demonstration (rl.train.rename; 0: none)")
+    ap.add_argument("--sft-edit-context", choices=["minimal", "hunk"], default="minimal",
+                    help="demonstrations' edit_file search text: changed lines + unique context, or whole hunks")
     ap.add_argument("--pretrain-mb", type=int, default=16, help="code corpus size for pretraining (MiB)")
     ap.add_argument("--data-seed", type=int, default=0, help="the task set's seed (fixed across RL seeds)")
     ap.add_argument("--work-dir", type=Path, help="keep the task set, checkpoints and runs here (default: a temp dir)")
@@ -291,7 +294,8 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
     sft_info = {k: {"tasks": v["tasks"], "seconds": v["sft_s"], "curve": v["sft_curve"]} for k, v in starts.items()}
     result = {"config": {k: getattr(args, k) for k in sizing} | {"sft_per_seed": args.sft_per_seed,
                                                                  "data_seed": args.data_seed,
-                                                                 "copy_drill_steps": args.copy_drill_steps},
+                                                                 "copy_drill_steps": args.copy_drill_steps,
+                                                                 "sft_edit_context": args.sft_edit_context},
               "seeds_done": [s["seed"] for s in seeds], "seeds_planned": args.seeds,
               "summary": summary, "bars": bars(summary), "sft": sft_info, "seeds": seeds}
     (DOCS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

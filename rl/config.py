@@ -98,6 +98,9 @@ class SFTConfig(_Section):
     max_steps: int | None = Field(None, ge=1)  # stop after this many optimizer steps (None: epochs and patience)
     # renamed copies of each TRAINING demonstration (rl.train.rename; the held-out ones are never renamed)
     renamings: int = Field(0, ge=0, le=64)
+    # "minimal": each edit_file's search is the changed lines plus only the context that makes it
+    # unique (rl.train.tight_edits); "hunk": the reference patch's hunks as they are (3 context lines)
+    edit_context: Literal["minimal", "hunk"] = "minimal"
 
 
 class RunConfig(_Section):

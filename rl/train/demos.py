@@ -22,6 +22,8 @@ recoveries are real data too).
 
 from __future__ import annotations
 
+import builtins
+import keyword
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -38,8 +40,8 @@ if TYPE_CHECKING:
     from agent.prompt import PromptProfile, RenderedPrompt
     from tools.protocols import Sandbox, Workspace
 
-__all__ = ["DemoSet", "DemoTask", "Edit", "STYLES", "demo_segments", "demo_task_from_patch", "record_demo",
-           "record_task_demos", "scripted_outputs"]
+__all__ = ["DemoSet", "DemoTask", "Edit", "STYLES", "demo_segments", "demo_task_from_patch", "grep_pattern",
+           "record_demo", "record_task_demos", "scripted_outputs"]
 
 Style = Literal["parallel", "sequential", "search", "blind"]
 STYLES: tuple[Style, ...] = ("parallel", "sequential", "search", "blind")
@@ -61,6 +63,7 @@ class DemoTask:
     edits: tuple[Edit, ...]
     test_command: str
     extra_reads: tuple[str, ...] = ()  # files worth reading besides the edited ones (the failing test)
+    grep_hint: str | None = None  # what the ``search`` style greps for (default: grep_pattern(edits[0]))
 
     @property
     def paths(self) -> list[str]:
@@ -107,6 +110,17 @@ def demo_task_from_patch(task_id: str, request: str, patch: str, test_command: s
     return DemoTask(task_id, request, tuple(edits), test_command, tuple(extra_reads))
 
 
+def grep_pattern(edit: Edit) -> str:
+    """What an agent would grep for to find ``edit``'s place: the first identifier in its
+    ``search`` text that is not a Python keyword or builtin (the function or constant name,
+    not ``def`` or ``return``); the edited path when there is none."""
+    for m in _IDENT.finditer(edit.search):
+        word = m.group(0)
+        if not keyword.iskeyword(word) and not hasattr(builtins, word) and word != "self":
+            return word
+    return edit.path
+
+
 def _read(path: str) -> str:
     return encode_call("read_file", {"path": path})
 
@@ -127,8 +141,7 @@ def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_b
     elif style == "sequential":
         out = [say + "\n" + _read(p) for p in task.paths] + [fix, test]
     elif style == "search":
-        m = _IDENT.search(task.edits[0].search)
-        pattern = m.group(0) if m else task.edits[0].path
+        pattern = task.grep_hint or grep_pattern(task.edits[0])
         out = [encode_call("grep", {"pattern": pattern}), "\n".join(_read(p) for p in task.paths), fix, test]
     elif style == "blind":
         out = []
@@ -221,7 +234,7 @@ class DemoSet:
 
 def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: PromptProfile,
                       sandbox: Sandbox | None, store: WorkspaceStore, max_len: int, per_task: int = 1,
-                      seed: int = 0, renamings: int = 0,
+                      seed: int = 0, renamings: int = 0, tight: bool = True,
                       progress: Callable[[], None] | None = None) -> DemoSet:
     """``per_task`` demonstrations of each task, each in a style drawn from
     ``random.Random(f"{seed}:{task.id}:{k}")`` (uniform over :data:`STYLES`; a blind one fails
@@ -232,7 +245,8 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
     one style. ``renamings`` adds that many renamed copies of each demonstration
     (:mod:`rl.train.rename`: the task's names consistently replaced by fresh ones, checked against
     the regenerated task; a task that cannot be renamed safely gets none and is counted in
-    ``rename_refused``). Not guaranteed: that every demonstration's tests pass (see the module
+    ``rename_refused``). ``tight`` shrinks every edit to its changed lines plus the context that
+    makes its ``search`` unique (:mod:`rl.train.tight_edits`). Not guaranteed: that every demonstration's tests pass (see the module
     docstring)."""
     import asyncio
 
@@ -250,6 +264,10 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
             continue
         base = materialise(task, store)
         try:
+            if tight:
+                from rl.train.tight_edits import tighten
+
+                demo_task = tighten(demo_task, lambda p: base.read_bytes(p).decode())
             for k in range(per_task):
                 rng = random.Random(f"{seed}:{task.id}:{k}")
                 style = rng.choice(STYLES)
