@@ -72,8 +72,9 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
     sft = root / "sft"
     if (root / "sft_done.json").exists():  # a --work-dir from an earlier, interrupted run
         done = json.loads((root / "sft_done.json").read_text())
-        return {"tasks_file": tasks_file, "sft": sft, "sft_curve": done["curve"], "sft_s": done["seconds"],
-                "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]}
+        return dagger_stage(args, root, sft_seed, {
+            "tasks_file": tasks_file, "sft": sft, "sft_curve": done["curve"], "sft_s": done["seconds"],
+            "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]})
     if args.pretrain_steps and (root / "init" / "model.safetensors").exists():
         print(f"reusing the pretrained checkpoint in {root / 'init'}", flush=True)
     elif args.pretrain_steps:
@@ -120,8 +121,41 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         raise SystemExit(f"SFT failed (exit {rc})")
     curve = [json.loads(x) for x in (sft / "sft_curve.jsonl").read_text().splitlines()]
     (root / "sft_done.json").write_text(json.dumps({"curve": curve, "seconds": time.perf_counter() - t0}))
-    return {"tasks_file": tasks_file, "sft": sft, "sft_curve": curve, "sft_s": time.perf_counter() - t0,
-            "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]}
+    return dagger_stage(args, root, sft_seed, {
+        "tasks_file": tasks_file, "sft": sft, "sft_curve": curve, "sft_s": time.perf_counter() - t0,
+        "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]})
+
+
+def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dict[str, Any]) -> dict[str, Any]:
+    """``--dagger-rounds`` rounds of DAgger relabelling (rl.train.dagger) after SFT, through
+    ``flywheel rl sft`` with ``sft.max_steps: 0`` (no further demonstration-only SFT): the start
+    the seeds' GRPO runs from becomes ``ROOT/dagger``. Resumable like SFT (``dagger_done.json``)."""
+    from rl.train.cli import _cmd_sft
+
+    if not args.dagger_rounds:
+        return start
+    out = root / "dagger"
+    done_file = root / "dagger_done.json"
+    if not done_file.exists():
+        t0 = time.perf_counter()
+        (root / "dagger.json").write_text(json.dumps({
+            "sft": {"lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": 0, "eval_every": 50,
+                    "patience": 4, "demos_per_task": 1, "renamings": args.sft_renamings,
+                    "edit_context": args.sft_edit_context, "dagger_rounds": args.dagger_rounds,
+                    "dagger_tasks": args.dagger_tasks, "dagger_heldout_tasks": 64,
+                    "dagger_max_steps": args.dagger_steps},
+            "limits": {"max_model_calls": args.max_model_calls,
+                       "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": 120},
+            "rollout": {"max_tokens_per_call": args.max_tokens}}))
+        rc = _cmd_sft(argparse.Namespace(tasks=start["tasks_file"], init=start["sft"], out=out,
+                                         config=root / "dagger.json", seed=sft_seed))
+        if rc != 0:
+            raise SystemExit(f"DAgger failed (exit {rc})")
+        rounds = [json.loads(x) for x in (out / "dagger.jsonl").read_text().splitlines()]
+        curve = [json.loads(x) for x in (out / "sft_curve.jsonl").read_text().splitlines()]
+        done_file.write_text(json.dumps({"rounds": rounds, "curve": curve, "seconds": time.perf_counter() - t0}))
+    done = json.loads(done_file.read_text())
+    return start | {"sft": out, "dagger": done}
 
 
 def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: Path, name: str) -> dict[str, Any]:
@@ -233,6 +267,10 @@ def main() -> None:
                     help="renamed copies of each SFT training demonstration (rl.train.rename; 0: none)")
     ap.add_argument("--sft-edit-context", choices=["minimal", "hunk"], default="minimal",
                     help="demonstrations' edit_file search text: changed lines + unique context, or whole hunks")
+    ap.add_argument("--dagger-rounds", type=int, default=0,
+                    help="DAgger rounds after SFT: the SFT model's own rollouts relabelled by the scripted solver")
+    ap.add_argument("--dagger-tasks", type=int, default=400, help="SFT-train tasks per DAgger round")
+    ap.add_argument("--dagger-steps", type=int, default=800, help="SFT steps per DAgger round (at most)")
     ap.add_argument("--pretrain-mb", type=int, default=16, help="code corpus size for pretraining (MiB)")
     ap.add_argument("--data-seed", type=int, default=0, help="the task set's seed (fixed across RL seeds)")
     ap.add_argument("--work-dir", type=Path, help="keep the task set, checkpoints and runs here (default: a temp dir)")
@@ -291,11 +329,15 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
            starts: dict[int, dict[str, Any]]) -> None:
     plot(seeds, DOCS / f"{name}.png", f"{name}: held-out split, SFT start (iteration 0) and during GRPO")
     summary = {when: {key: _spread(seeds, when, key) for key in CURVE_KEYS} for when in ("sft", "rl")}
-    sft_info = {k: {"tasks": v["tasks"], "seconds": v["sft_s"], "curve": v["sft_curve"]} for k, v in starts.items()}
+    sft_info = {k: {"tasks": v["tasks"], "seconds": v["sft_s"], "curve": v["sft_curve"]}
+                | ({"dagger": v["dagger"]} if "dagger" in v else {}) for k, v in starts.items()}
     result = {"config": {k: getattr(args, k) for k in sizing} | {"sft_per_seed": args.sft_per_seed,
                                                                  "data_seed": args.data_seed,
                                                                  "copy_drill_steps": args.copy_drill_steps,
-                                                                 "sft_edit_context": args.sft_edit_context},
+                                                                 "sft_edit_context": args.sft_edit_context,
+                                                                 "dagger_rounds": args.dagger_rounds,
+                                                                 "dagger_tasks": args.dagger_tasks,
+                                                                 "dagger_steps": args.dagger_steps},
               "seeds_done": [s["seed"] for s in seeds], "seeds_planned": args.seeds,
               "summary": summary, "bars": bars(summary), "sft": sft_info, "seeds": seeds}
     (DOCS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

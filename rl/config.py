@@ -95,12 +95,21 @@ class SFTConfig(_Section):
     patience: int = Field(3, ge=1)  # evaluations without improvement before stopping
     heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)  # of the train-split TASKS (split before recording)
     demos_per_task: int = Field(1, ge=1)  # demonstrations recorded per task, each in a randomly drawn style
-    max_steps: int | None = Field(None, ge=1)  # stop after this many optimizer steps (None: epochs and patience)
+    # stop after this many optimizer steps (None: epochs and patience; 0: none, only the DAgger rounds)
+    max_steps: int | None = Field(None, ge=0)
     # renamed copies of each TRAINING demonstration (rl.train.rename; the held-out ones are never renamed)
     renamings: int = Field(0, ge=0, le=64)
     # "minimal": each edit_file's search is the changed lines plus only the context that makes it
     # unique (rl.train.tight_edits); "hunk": the reference patch's hunks as they are (3 context lines)
     edit_context: Literal["minimal", "hunk"] = "minimal"
+    # DAgger rounds after SFT (rl.train.dagger): free-running rollouts of the SFT tasks (limits and
+    # max_tokens_per_call from this config), each model call relabelled with the scripted solver's
+    # next output, then SFT again on demonstrations + relabelled calls
+    dagger_rounds: int = Field(0, ge=0, le=20)
+    dagger_samples: int = Field(1, ge=1, le=16)  # rollouts per task per round
+    dagger_tasks: int | None = Field(None, ge=1)  # SFT-train tasks per round, drawn afresh (None: all)
+    dagger_heldout_tasks: int | None = Field(None, ge=1)  # SFT-held-out tasks per round (None: all)
+    dagger_max_steps: int | None = Field(None, ge=1)  # SFT steps per round (None: epochs and patience)
 
 
 class RunConfig(_Section):

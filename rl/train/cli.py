@@ -80,13 +80,14 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from rl.tasks.spec import TaskFileError, load_tasks
     from rl.train.demos import record_task_demos
     from rl.train.metrics import append_metrics
-    from rl.train.sft import train_sft
+    from rl.train.sft import SFTResult, train_sft
     from rl.types import Split
     from tools.sandbox import SandboxUnavailable, make_sandbox
     from tools.workspace import WorkspaceStore, remove_store
 
     try:
-        sft_cfg = load_run_config(args.config).sft if args.config else SFTConfig()
+        run_cfg = load_run_config(args.config) if args.config else None
+        sft_cfg = run_cfg.sft if run_cfg is not None else SFTConfig()
         tasks = [t for t in load_tasks(args.tasks) if t.split is Split.TRAIN]
         profile = load_profile(args.init)
         model, tok = load_checkpoint(args.init)
@@ -128,20 +129,36 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     curve_path = args.out / "sft_curve.jsonl"
     args.out.mkdir(parents=True, exist_ok=True)
     curve_path.write_text("")
-    res = train_sft(model, train_demos.examples, held_demos.examples, sft_cfg, pad_id=tok.pad_id, seed=args.seed,
-                    progress=lambda p: print(f"step {int(p['step'])}: train {p['train_loss']:.4f} "
-                                             f"held-out {p['heldout_loss']:.4f}", file=sys.stderr))
+    if sft_cfg.max_steps == 0:  # a checkpoint continued by DAgger rounds only
+        if not sft_cfg.dagger_rounds:
+            return _fail("sft", "sft.max_steps is 0 and sft.dagger_rounds is 0: nothing to train")
+        res = SFTResult()
+    else:
+        res = train_sft(model, train_demos.examples, held_demos.examples, sft_cfg, pad_id=tok.pad_id,
+                        seed=args.seed, progress=lambda p: print(f"step {int(p['step'])}: train "
+                                                                 f"{p['train_loss']:.4f} held-out "
+                                                                 f"{p['heldout_loss']:.4f}", file=sys.stderr))
     for point in res.curve:
         append_metrics(curve_path, point)
+    rounds: list[dict[str, float]] = []
+    if sft_cfg.dagger_rounds:
+        from rl.train.dagger import run_dagger
+
+        res, rounds = run_dagger(model, tok, profile, tasks[n_held:], tasks[:n_held], train_demos.examples,
+                                 held_demos.examples, run_cfg, out=args.out, seed=args.seed, first=res,
+                                 curve_path=curve_path)
     from rl.train.metrics import plot_metrics
 
+    curve = [json.loads(x) for x in curve_path.read_text().splitlines()]  # with the DAgger rounds', if any
     plot_metrics([{"iteration": p["step"], "sft_train_loss": p["train_loss"], "sft_heldout_loss": p["heldout_loss"]}
-                  for p in res.curve], args.out / "sft_curve.png", title="SFT")
+                  for p in curve], args.out / "sft_curve.png", title="SFT" + (" + DAgger" if rounds else ""))
     save_checkpoint(args.out, model, tok, step=res.steps, profile=profile,
                     extra={"sft": {"best_step": res.best_step, "best_heldout_loss": res.best_heldout_loss,
                                    "demonstrations": len(examples), "skipped": skipped}})
     summary = {"demonstrations": len(examples), "skipped": skipped, "steps": res.steps, "best_step": res.best_step,
                "best_heldout_loss": res.best_heldout_loss, "stopped_early": res.stopped_early, "out": str(args.out)}
+    if rounds:
+        summary["dagger"] = rounds
     print(json.dumps(summary))
     return 0
 

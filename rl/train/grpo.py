@@ -112,6 +112,8 @@ class BatchSelection:
     n_groups: int = 0
     n_groups_zero_std: int = 0
     n_groups_too_small: int = 0  # fewer than 2 usable rollouts left: no baseline
+    # scored, in the group's baseline, but nothing sampled to train on (a limit hit before the first token)
+    n_no_tokens: int = 0
 
     @property
     def frac_reward_zero_std(self) -> float:
@@ -122,12 +124,15 @@ class BatchSelection:
                 "n_limit_filtered": self.n_limit_filtered, "n_unscored": self.n_unscored,
                 "n_groups": self.n_groups, "n_groups_zero_std": self.n_groups_zero_std,
                 "n_groups_too_small": self.n_groups_too_small,
-                "frac_reward_zero_std": self.frac_reward_zero_std, "n_trained": len(self.rows)}
+                "frac_reward_zero_std": self.frac_reward_zero_std, "n_no_tokens": self.n_no_tokens,
+                "n_trained": len(self.rows)}
 
 
 def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelection:
     """Group by task, drop infra errors (and limit hits under compact filtering), skip
-    zero-variance groups, and attach each remaining rollout's advantage."""
+    zero-variance groups, and attach each remaining rollout's advantage. A scored rollout with no
+    sampled token (the wall-time limit hit during its first model call) counts in its group's
+    baseline but is not a row (``n_no_tokens``)."""
     sel = BatchSelection(rows=[], n_rollouts=len(rollouts))
     groups: dict[str, list[Rollout]] = defaultdict(list)
     for r in rollouts:
@@ -149,7 +154,11 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
         if max(rewards) - min(rewards) == 0.0:
             sel.n_groups_zero_std += 1
             continue
-        sel.rows += zip(group, group_advantages(rewards, std_normalise=cfg.std_normalise), strict=True)
+        for r, adv in zip(group, group_advantages(rewards, std_normalise=cfg.std_normalise), strict=True):
+            if any(s.sampled and s.token_ids for s in r.segments):
+                sel.rows.append((r, adv))
+            else:  # its reward still counts in the baseline above; it has no token to take a gradient on
+                sel.n_no_tokens += 1
     return sel
 
 

@@ -159,3 +159,27 @@ def test_smoke_flywheel_rl_train_cli_records_the_run_in_the_session_log(
         assert all(0.0 <= r["heldout_pass_at_1"] <= 1.0 and r["heldout_tasks"] == 1 for r in recs)
     finally:
         db.close()
+
+
+def test_smoke_dagger_round_relabels_the_models_own_calls(ray_session, sft_checkpoint: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    """``flywheel rl sft`` with one DAgger round (rl.train.dagger) from the smoke SFT checkpoint:
+    free-running rollouts on Ray, every model call relabelled, SFT on demos + relabels."""
+    tasks, sft = sft_checkpoint
+    (tmp_path / "dagger.json").write_text(json.dumps({
+        "sft": {"lr": 3e-3, "batch": 3, "max_epochs": 2, "eval_every": 4, "patience": 2, "heldout_fraction": 0.25,
+                "dagger_rounds": 1, "dagger_max_steps": 4},
+        "limits": {"max_model_calls": 3, "max_output_tokens": 192, "max_wall_s": 60},
+        "rollout": {"max_tokens_per_call": 48}}))
+    out = tmp_path / "dagger"
+    rc = _cmd_sft(argparse.Namespace(tasks=tasks, init=sft, out=out, config=tmp_path / "dagger.json", seed=0))
+    assert rc == 0
+    [round1] = [json.loads(x) for x in (out / "dagger.jsonl").read_text().splitlines()]
+    # 4 train-split tasks: 3 for SFT training, 1 for its early stopping; one rollout each
+    assert round1["train_rollouts"] == 3 and round1["heldout_rollouts"] == 1, round1
+    assert round1["train_examples"] >= 3 and round1["heldout_examples"] >= 1, round1  # >= 1 call per rollout
+    assert round1["train_unaligned"] == 0 and 0.0 <= round1["train_solved"] <= 1.0
+    curve = [json.loads(x) for x in (out / "sft_curve.jsonl").read_text().splitlines()]
+    assert any(p.get("round") == 1 for p in curve)
+    assert not (tmp_path / "dagger.dagger").exists()  # the rounds' checkpoints and workspaces are removed
+    load_checkpoint(out)  # the result is a loadable checkpoint

@@ -48,6 +48,16 @@ def test_selection_excludes_infra_errors_and_skips_zero_variance_groups() -> Non
     assert [(r.task_id, r.sample, a) for r, a in sel.rows] == [("b", 0, 1.0), ("b", 1, -1.0)]
 
 
+def test_a_rollout_with_no_sampled_token_counts_in_the_baseline_but_is_not_trained_on() -> None:
+    # the wall-time limit hit during the first model call: scored (a limit), but no token
+    cut = rollout(None, [1, 2], [], task="a", sample=2, reward=-0.1, status=RolloutStatus.LIMIT)
+    rs = [rollout(None, [1, 2], [[3]], task="a", sample=0, reward=1.0),
+          rollout(None, [1, 2], [[4]], task="a", sample=1, reward=0.0), cut]
+    sel = select_rollouts(rs, GRPOConfig(group_size=3))
+    assert sel.n_no_tokens == 1 and sel.stats()["n_no_tokens"] == 1
+    assert [(r.sample, a) for r, a in sel.rows] == [(0, pytest.approx(1.05)), (1, pytest.approx(-0.45))]
+
+
 def test_compact_filtering_drops_limit_rollouts() -> None:
     rs = [rollout(None, [1], [[3]], task="a", sample=i, reward=float(i % 2),
                   status=RolloutStatus.LIMIT if i == 0 else RolloutStatus.FINISHED) for i in range(3)]
