@@ -111,6 +111,12 @@ class SFTConfig(_Section):
     dagger_heldout_tasks: int | None = Field(None, ge=1)  # SFT-held-out tasks per round (None: all)
     dagger_max_steps: int | None = Field(None, ge=1)  # SFT steps per round (None: epochs and patience)
 
+    @model_validator(mode="after")
+    def _check(self) -> SFTConfig:
+        if self.max_steps == 0 and not self.dagger_rounds:
+            raise ValueError("max_steps: 0 (no SFT on demonstrations) needs dagger_rounds >= 1: nothing would train")
+        return self
+
 
 class RunConfig(_Section):
     name: str = "run"

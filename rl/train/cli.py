@@ -129,9 +129,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     curve_path = args.out / "sft_curve.jsonl"
     args.out.mkdir(parents=True, exist_ok=True)
     curve_path.write_text("")
-    if sft_cfg.max_steps == 0:  # a checkpoint continued by DAgger rounds only
-        if not sft_cfg.dagger_rounds:
-            return _fail("sft", "sft.max_steps is 0 and sft.dagger_rounds is 0: nothing to train")
+    if sft_cfg.max_steps == 0:  # a checkpoint continued by DAgger rounds only (the config checks there are some)
         res = SFTResult()
     else:
         res = train_sft(model, train_demos.examples, held_demos.examples, sft_cfg, pad_id=tok.pad_id,
