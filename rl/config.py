@@ -102,6 +102,9 @@ class SFTConfig(_Section):
     # "minimal": each edit_file's search is the changed lines plus only the context that makes it
     # unique (rl.train.tight_edits); "hunk": the reference patch's hunks as they are (3 context lines)
     edit_context: Literal["minimal", "hunk"] = "minimal"
+    # how much more a copy token (rl.train.copy_tokens: a name or code line copied from the context)
+    # weighs in the SFT loss than a format token; 1: a plain per-token mean
+    copy_weight: float = Field(1.0, ge=1.0, le=100.0)
     # DAgger rounds after SFT (rl.train.dagger): free-running rollouts of the SFT tasks (limits and
     # max_tokens_per_call from this config), each model call relabelled with the scripted solver's
     # next output, then SFT again on demonstrations + relabelled calls

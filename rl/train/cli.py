@@ -80,6 +80,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from rl.tasks.spec import TaskFileError, load_tasks
     from rl.train.demos import record_task_demos
     from rl.train.metrics import append_metrics
+    from rl.train.copy_tokens import format_token_ids, user_marker_id
     from rl.train.sft import SFTResult, train_sft
     from rl.types import Split
     from tools.sandbox import SandboxUnavailable, make_sandbox
@@ -133,7 +134,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         res = SFTResult()
     else:
         res = train_sft(model, train_demos.examples, held_demos.examples, sft_cfg, pad_id=tok.pad_id,
-                        seed=args.seed, progress=lambda p: print(f"step {int(p['step'])}: train "
+                        seed=args.seed, user_id=user_marker_id(tok), format_ids=format_token_ids(tok), progress=lambda p: print(f"step {int(p['step'])}: train "
                                                                  f"{p['train_loss']:.4f} held-out "
                                                                  f"{p['heldout_loss']:.4f}", file=sys.stderr))
     for point in res.curve:

@@ -278,6 +278,7 @@ def run_dagger(model: Any, tokenizer: Any, profile: Any, train_tasks: Sequence[A
     from agent.model.checkpoint import save_checkpoint
     from rl.config import RunConfig
     from rl.rollout.driver import _limits, agent_sandbox_paths
+    from rl.train.copy_tokens import format_token_ids, user_marker_id
     from rl.train.metrics import append_metrics
     from rl.train.sft import train_sft
     from tools.workspace import WorkspaceStore, remove_store
@@ -311,7 +312,8 @@ def run_dagger(model: Any, tokenizer: Any, profile: Any, train_tasks: Sequence[A
                   f"relabelled calls ({rr.stats['train_agreed']:.2f} already as the solver would)", file=sys.stderr)
             res = train_sft(model, [*train_demos, *rr.train], [*held_demos, *rr.heldout],
                             cfg.model_copy(update={"max_steps": cfg.dagger_max_steps}), pad_id=tokenizer.pad_id,
-                            seed=seed + r + 1,
+                            seed=seed + r + 1, user_id=user_marker_id(tokenizer),
+                            format_ids=format_token_ids(tokenizer),
                             progress=lambda p: print(f"round {r + 1} step {int(p['step'])}: train "
                                                      f"{p['train_loss']:.4f} held-out {p['heldout_loss']:.4f}",
                                                      file=sys.stderr))

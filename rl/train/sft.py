@@ -49,8 +49,13 @@ def _as_rollout(segments: Sequence[Segment]) -> Rollout:
                    segments=list(segments))
 
 
-def sft_loss(model: MoETransformer, examples: Sequence[Sequence[Segment]], pad_id: int) -> Any:
-    """Mean next-token cross-entropy over the sampled tokens of ``examples`` (one batch)."""
+def sft_loss(model: MoETransformer, examples: Sequence[Sequence[Segment]], pad_id: int, *,
+             user_id: int | None = None, copy_weight: float = 1.0, format_ids: frozenset[int] = frozenset(),
+             copy_stats: dict[str, float] | None = None) -> Any:
+    """Mean next-token cross-entropy over the sampled tokens of ``examples`` (one batch). With
+    ``user_id`` (the tokenizer's ``<|user|>`` id) and ``format_ids``, copy tokens (:mod:`rl.train.copy_tokens`) weigh
+    ``copy_weight`` times as much in the mean, and ``copy_stats`` (when given) accumulates their
+    count, summed loss and argmax hits (``copy_tokens``, ``copy_nll``, ``copy_correct``)."""
     import torch
 
     from rl.train.grpo import token_tensors
@@ -58,8 +63,21 @@ def sft_loss(model: MoETransformer, examples: Sequence[Sequence[Segment]], pad_i
     t = token_tensors([_as_rollout(e) for e in examples], pad_id, max_len=model.cfg.max_seq_len)
     out = model(t["input_ids"])
     logp = torch.log_softmax(out.logits[:, :-1], dim=-1).gather(-1, t["input_ids"][:, 1:, None]).squeeze(-1)
-    mask = t["mask"]
-    return -(logp * mask).sum() / mask.sum().clamp_min(1.0) + out.aux_loss
+    mask = weights = t["mask"]
+    if user_id is not None:
+        from rl.train.copy_tokens import copy_flags
+
+        copies = torch.zeros_like(mask)
+        for i, e in enumerate(examples):
+            flags = copy_flags(e, user_id, format_ids)
+            copies[i, : len(flags) - 1] = torch.tensor(flags[1:], dtype=mask.dtype)
+        weights = mask + (copy_weight - 1.0) * copies
+        if copy_stats is not None:
+            hits = (out.logits[:, :-1].argmax(-1) == t["input_ids"][:, 1:]).to(mask.dtype)
+            copy_stats["copy_tokens"] = copy_stats.get("copy_tokens", 0.0) + float(copies.sum())
+            copy_stats["copy_nll"] = copy_stats.get("copy_nll", 0.0) - float((logp * copies).sum())
+            copy_stats["copy_correct"] = copy_stats.get("copy_correct", 0.0) + float((hits * copies).sum())
+    return -(logp * weights).sum() / weights.sum().clamp_min(1.0) + out.aux_loss
 
 
 _BUCKET = 16  # batches per length bucket
@@ -80,9 +98,12 @@ def _batches(examples: Sequence[Sequence[Segment]], size: int, rng: random.Rando
 
 
 def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout: Sequence[Sequence[Segment]],
-              cfg: SFTConfig, *, pad_id: int, seed: int = 0, grad_clip: float = 1.0,
-              progress: Callable[[dict[str, float]], None] | None = None) -> SFTResult:
-    """Train ``model`` in place on ``train`` with early stopping on ``heldout`` (see the module docstring)."""
+              cfg: SFTConfig, *, pad_id: int, seed: int = 0, grad_clip: float = 1.0, user_id: int | None = None,
+              format_ids: frozenset[int] = frozenset(), progress: Callable[[dict[str, float]], None] | None = None) -> SFTResult:
+    """Train ``model`` in place on ``train`` with early stopping on ``heldout`` (see the module
+    docstring). With ``user_id`` the loss weighs copy tokens ``cfg.copy_weight`` times (train and
+    held-out alike: early stopping watches what is trained), and every curve point also has the
+    held-out copy tokens' mean loss and argmax accuracy (``heldout_copy_loss``, ``heldout_copy_acc``)."""
     import torch
 
     if not train or not heldout:
@@ -90,21 +111,30 @@ def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     result = SFTResult()
 
+    kw: dict[str, Any] = {"user_id": user_id, "copy_weight": cfg.copy_weight, "format_ids": format_ids}
+    copy_point: dict[str, float] = {}
+
     def evaluate() -> float:
         model.eval()
+        stats: dict[str, float] = {}
         with torch.no_grad():
-            losses = [float(sft_loss(model, heldout[i: i + cfg.batch], pad_id)) * len(heldout[i: i + cfg.batch])
-                      for i in range(0, len(heldout), cfg.batch)]
+            losses = [float(sft_loss(model, heldout[i: i + cfg.batch], pad_id, copy_stats=stats, **kw))
+                      * len(heldout[i: i + cfg.batch]) for i in range(0, len(heldout), cfg.batch)]
+        copy_point.clear()
+        if stats.get("copy_tokens"):
+            copy_point.update(heldout_copy_loss=stats["copy_nll"] / stats["copy_tokens"],
+                              heldout_copy_acc=stats["copy_correct"] / stats["copy_tokens"])
         return sum(losses) / len(heldout)
 
     best_state = copy.deepcopy(model.state_dict())
     result.best_heldout_loss = evaluate()
-    result.curve.append({"step": 0, "train_loss": float("nan"), "heldout_loss": result.best_heldout_loss})
+    result.curve.append({"step": 0, "train_loss": float("nan"), "heldout_loss": result.best_heldout_loss}
+                        | copy_point)
     bad, step, recent = 0, 0, []
     for epoch in range(cfg.max_epochs):
         for batch in _batches(train, cfg.batch, random.Random(seed + epoch)):
             model.train()
-            loss = sft_loss(model, [train[j] for j in batch], pad_id)
+            loss = sft_loss(model, [train[j] for j in batch], pad_id, **kw)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
@@ -115,7 +145,7 @@ def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout
             if step % cfg.eval_every and not last:
                 continue
             held = evaluate()
-            point = {"step": float(step), "train_loss": sum(recent) / len(recent), "heldout_loss": held}
+            point = {"step": float(step), "train_loss": sum(recent) / len(recent), "heldout_loss": held} | copy_point
             recent = []
             result.curve.append(point)
             if progress is not None:
