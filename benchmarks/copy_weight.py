@@ -54,7 +54,8 @@ def plot(curves: dict[str, list[dict[str, float]]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, key, title in zip(axes, ("heldout_loss", "heldout_copy_loss", "heldout_copy_acc"),
-                              ("held-out loss (as trained)", "held-out copy-token loss", "held-out copy-token accuracy"),
+                              ("held-out loss (as trained)", "held-out copy-token loss",
+                               "held-out copy-token accuracy"),
                               strict=True):
         for name, curve in curves.items():
             ax.plot([p["step"] for p in curve], [p.get(key, float("nan")) for p in curve], marker=".", label=name)
@@ -99,7 +100,8 @@ def main() -> None:
                                                                           "heldout_copy_acc")},
         "end": {name: {k: p.get(k) for k in ("heldout_loss", "heldout_copy_loss", "heldout_copy_acc")}
                 for name, p in last.items()},
-        "copy_acc_gain_points": 100 * ((weighted.get("heldout_copy_acc") or 0.0) - (base.get("heldout_copy_acc") or 0.0)),
+        "copy_acc_gain_points": 100 * ((weighted.get("heldout_copy_acc") or 0.0)
+                                       - (base.get("heldout_copy_acc") or 0.0)),
         "curves": curves,
     }
     write_result(args.name, result)

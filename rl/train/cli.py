@@ -71,6 +71,12 @@ def _fail(cmd: str, msg: str) -> int:
     return 2
 
 
+def _print_point(p: dict[str, float]) -> None:
+    copies = f" copy-token acc {p['heldout_copy_acc']:.3f}" if "heldout_copy_acc" in p else ""
+    print(f"step {int(p['step'])}: train {p['train_loss']:.4f} held-out {p['heldout_loss']:.4f}{copies}",
+          file=sys.stderr)
+
+
 def _cmd_sft(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
@@ -134,9 +140,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         res = SFTResult()
     else:
         res = train_sft(model, train_demos.examples, held_demos.examples, sft_cfg, pad_id=tok.pad_id,
-                        seed=args.seed, user_id=user_marker_id(tok), format_ids=format_token_ids(tok), progress=lambda p: print(f"step {int(p['step'])}: train "
-                                                                 f"{p['train_loss']:.4f} held-out "
-                                                                 f"{p['heldout_loss']:.4f}", file=sys.stderr))
+                        seed=args.seed, user_id=user_marker_id(tok), format_ids=format_token_ids(tok),
+                        progress=_print_point)
     for point in res.curve:
         append_metrics(curve_path, point)
     rounds: list[dict[str, float]] = []

@@ -246,8 +246,8 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
     (:mod:`rl.train.rename`: the task's names consistently replaced by fresh ones, checked against
     the regenerated task; a task that cannot be renamed safely gets none and is counted in
     ``rename_refused``). ``tight`` shrinks every edit to its changed lines plus the context that
-    makes its ``search`` unique (:mod:`rl.train.tight_edits`). Not guaranteed: that every demonstration's tests pass (see the module
-    docstring)."""
+    makes its ``search`` unique (:mod:`rl.train.tight_edits`). Not guaranteed: that every
+    demonstration's tests pass (see the module docstring)."""
     import asyncio
 
     from rl.tasks.workspaces import materialise

@@ -53,7 +53,7 @@ def sft_loss(model: MoETransformer, examples: Sequence[Sequence[Segment]], pad_i
              user_id: int | None = None, copy_weight: float = 1.0, format_ids: frozenset[int] = frozenset(),
              copy_stats: dict[str, float] | None = None) -> Any:
     """Mean next-token cross-entropy over the sampled tokens of ``examples`` (one batch). With
-    ``user_id`` (the tokenizer's ``<|user|>`` id) and ``format_ids``, copy tokens (:mod:`rl.train.copy_tokens`) weigh
+    ``user_id`` (the ``<|user|>`` id) and ``format_ids``, copy tokens (:mod:`rl.train.copy_tokens`) weigh
     ``copy_weight`` times as much in the mean, and ``copy_stats`` (when given) accumulates their
     count, summed loss and argmax hits (``copy_tokens``, ``copy_nll``, ``copy_correct``)."""
     import torch
@@ -98,8 +98,9 @@ def _batches(examples: Sequence[Sequence[Segment]], size: int, rng: random.Rando
 
 
 def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout: Sequence[Sequence[Segment]],
-              cfg: SFTConfig, *, pad_id: int, seed: int = 0, grad_clip: float = 1.0, user_id: int | None = None,
-              format_ids: frozenset[int] = frozenset(), progress: Callable[[dict[str, float]], None] | None = None) -> SFTResult:
+              cfg: SFTConfig, *, pad_id: int, seed: int = 0, grad_clip: float = 1.0,
+              user_id: int | None = None, format_ids: frozenset[int] = frozenset(),
+              progress: Callable[[dict[str, float]], None] | None = None) -> SFTResult:
     """Train ``model`` in place on ``train`` with early stopping on ``heldout`` (see the module
     docstring). With ``user_id`` the loss weighs copy tokens ``cfg.copy_weight`` times (train and
     held-out alike: early stopping watches what is trained), and every curve point also has the
@@ -145,7 +146,8 @@ def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout
             if step % cfg.eval_every and not last:
                 continue
             held = evaluate()
-            point = {"step": float(step), "train_loss": sum(recent) / len(recent), "heldout_loss": held} | copy_point
+            point = {"step": float(step), "train_loss": sum(recent) / len(recent),
+                     "heldout_loss": held} | copy_point
             recent = []
             result.curve.append(point)
             if progress is not None:

@@ -1,7 +1,7 @@
-"""The smallest ``edit_file`` calls that make a demonstration's change: each hunk is split into
-its runs of changed lines, its unchanged context lines are dropped, and put back one line at a
-time only as far as each ``search`` text needs to match exactly once in the file (``edit_file`` refuses a search text that matches
-zero times or more than once).
+"""The smallest ``edit_file`` calls that make a demonstration's change: each hunk is split
+into its runs of changed lines, its unchanged context lines are dropped, and put back one
+line at a time only as far as each ``search`` text needs to match exactly once in the file
+(``edit_file`` refuses a search text that matches zero times or more than once).
 
 Why: a reference patch's hunks carry three lines of context on each side (the unified-diff
 default), so a one-character bug fix became a seven-line ``search`` block that the model had to
