@@ -198,8 +198,7 @@ def demo_tasks(tasks: Sequence[Any], store: Any, *, tight: bool = True) -> dict[
     """Each task's :class:`DemoTask` (tightened when ``tight``) and the start text of the files it
     edits; tasks whose reference patch no ``edit_file`` can express are left out."""
     from rl.tasks.workspaces import materialise
-    from rl.train.demos import demo_task_from_patch
-    from rl.train.tight_edits import tighten
+    from rl.train.demos import demo_task_from_patch, tighten
 
     out: dict[str, tuple[DemoTask, dict[str, str]]] = {}
     for task in tasks:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from agent.parser import encode_call
+from rl.train.tight_edits import Edit, occurs_once, tighten_edit
 from rl.types import Segment
 
 if TYPE_CHECKING:
@@ -41,19 +42,12 @@ if TYPE_CHECKING:
     from tools.protocols import Sandbox, Workspace
 
 __all__ = ["DemoSet", "DemoTask", "Edit", "STYLES", "demo_segments", "demo_task_from_patch", "grep_pattern",
-           "record_demo", "record_task_demos", "scripted_outputs"]
+           "record_demo", "record_task_demos", "scripted_outputs", "tighten"]
 
 Style = Literal["parallel", "sequential", "search", "blind"]
 STYLES: tuple[Style, ...] = ("parallel", "sequential", "search", "blind")
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
-
-
-@dataclass(frozen=True, slots=True)
-class Edit:
-    path: str
-    search: str
-    replace: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,8 +259,6 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
         base = materialise(task, store)
         try:
             if tight:
-                from rl.train.tight_edits import tighten
-
                 demo_task = tighten(demo_task, lambda p: base.read_bytes(p).decode())
             for k in range(per_task):
                 rng = random.Random(f"{seed}:{task.id}:{k}")
@@ -308,3 +300,17 @@ def _renamed(task: Task, demo: Demonstration, n: int, rng: random.Random, out: D
             return copies
         copies.append(rename_demo(demo, mapping))
     return copies
+
+
+def tighten(task: DemoTask, read: Callable[[str], str]) -> DemoTask:
+    """``task`` with every edit tightened against the file it edits, edits applied in order (so
+    a later edit of the same file is measured against the file after the earlier ones).
+    ``read(path)`` returns a file's starting text."""
+    current: dict[str, str] = {}
+    edits: list[Edit] = []
+    for e in task.edits:
+        text = current[e.path] if e.path in current else read(e.path)
+        edits += tighten_edit(text, e)
+        current[e.path] = text.replace(e.search, e.replace, 1) if occurs_once(text, e.search) else text
+    return DemoTask(task.task_id, task.request, tuple(edits), task.test_command, task.extra_reads,
+                    grep_hint=task.grep_hint or grep_pattern(task.edits[0]))

@@ -1,4 +1,4 @@
-"""The smallest ``edit_file`` calls that make a demonstration's change: each hunk is split
+"""The smallest ``edit_file`` calls (:class:`Edit`; :func:`rl.train.demos.tighten` applies them to a task) that make a demonstration's change: each hunk is split
 into its runs of changed lines, its unchanged context lines are dropped, and put back one
 line at a time only as far as each ``search`` text needs to match exactly once in the file
 (``edit_file`` refuses a search text that matches zero times or more than once).
@@ -16,15 +16,20 @@ that a hunk that is pure insertion or deletion keeps fewer than one context line
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 from difflib import SequenceMatcher
 
-from rl.train.demos import DemoTask, Edit, grep_pattern
-
-__all__ = ["tighten", "tighten_edit"]
+__all__ = ["Edit", "occurs_once", "tighten_edit"]
 
 
-def _occurs_once(data: str, needle: str) -> bool:
+@dataclass(frozen=True, slots=True)
+class Edit:
+    path: str
+    search: str
+    replace: str
+
+
+def occurs_once(data: str, needle: str) -> bool:
     """As ``edit_file`` counts: non-overlapping occurrences."""
     i = data.find(needle)
     return i >= 0 and data.find(needle, i + len(needle)) < 0
@@ -37,7 +42,7 @@ def tighten_edit(content: str, edit: Edit) -> list[Edit]:
     order). An edit whose full ``search`` does not occur exactly once, or a run that no window
     inside the hunk makes unique, gives ``[edit]`` unchanged (its failure is the runtime's to
     report)."""
-    if not _occurs_once(content, edit.search):
+    if not occurs_once(content, edit.search):
         return [edit]
     old, new = edit.search.splitlines(keepends=True), edit.replace.splitlines(keepends=True)
     blocks = [op for op in SequenceMatcher(None, old, new, autojunk=False).get_opcodes() if op[0] != "equal"]
@@ -64,20 +69,6 @@ def _window(text: str, before: list[str], old: list[str], new: list[str], after:
                 continue
             pre, post = before[len(before) - b:], after[:a]
             search = "".join(pre + old + post)
-            if search and _occurs_once(text, search):
+            if search and occurs_once(text, search):
                 return Edit(path, search, "".join(pre + new + post))
     return None
-
-
-def tighten(task: DemoTask, read: Callable[[str], str]) -> DemoTask:
-    """``task`` with every edit tightened against the file it edits, edits applied in order (so
-    a later edit of the same file is measured against the file after the earlier ones).
-    ``read(path)`` returns a file's starting text."""
-    current: dict[str, str] = {}
-    edits: list[Edit] = []
-    for e in task.edits:
-        text = current[e.path] if e.path in current else read(e.path)
-        edits += tighten_edit(text, e)
-        current[e.path] = text.replace(e.search, e.replace, 1) if _occurs_once(text, e.search) else text
-    return DemoTask(task.task_id, task.request, tuple(edits), task.test_command, task.extra_reads,
-                    grep_hint=task.grep_hint or grep_pattern(task.edits[0]))

@@ -12,8 +12,8 @@ from agent.parser import encode_call
 from rl.tasks.build import make_task
 from rl.tasks.families import FAMILIES
 from rl.tasks.workspaces import materialise
-from rl.train.demos import DemoTask, Edit, demo_task_from_patch, grep_pattern, scripted_outputs
-from rl.train.tight_edits import tighten, tighten_edit
+from rl.train.demos import DemoTask, Edit, demo_task_from_patch, grep_pattern, scripted_outputs, tighten
+from rl.train.tight_edits import tighten_edit
 from rl.types import Split
 from tools.edit_file import _edit
 from tools.workspace import WorkspaceStore
