@@ -64,6 +64,13 @@ class LimitsConfig(_Section):
     max_output_tokens: int = Field(2048, ge=1)
     max_wall_s: float = Field(120.0, gt=0.0)
 
+    def to_limits(self) -> Any:
+        """These limits as the runtime's ``agent.session.Limits`` (what a rollout's session enforces)."""
+        from agent.session import Limits
+
+        return Limits(max_steps=self.max_model_calls, max_output_tokens=self.max_output_tokens,
+                      max_wall_s=self.max_wall_s)
+
 
 class RolloutConfig(_Section):
     workers: int = Field(1, ge=1)

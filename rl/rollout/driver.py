@@ -199,12 +199,6 @@ def _open(log: RolloutLog | Callable[[], RolloutLog] | None) -> RolloutLog:
     return log() if callable(log) else log
 
 
-def _limits(cfg: Any) -> Any:
-    from agent.session import Limits
-
-    return Limits(max_steps=cfg.max_model_calls, max_output_tokens=cfg.max_output_tokens, max_wall_s=cfg.max_wall_s)
-
-
 def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[], RolloutLog] | None = None,
           stop_after: int | None = None, progress: Callable[[dict[str, Any]], None] | None = None,
           on_rollout: Callable[[Rollout], None] | None = None) -> LoopResult:
@@ -226,7 +220,7 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
     init_ray(cfg.rollout.address)
     source = RaySource(Path(cfg.model.init or ""), [*tasks, *heldout], run_id=cfg.name,
                        store_root=Path(cfg.out_dir) / "workspaces",
-                       log=log, limits=_limits(cfg.limits), workers=cfg.rollout.workers,
+                       log=log, limits=cfg.limits.to_limits(), workers=cfg.rollout.workers,
                        max_tokens=cfg.rollout.max_tokens_per_call, temperature=cfg.rollout.temperature,
                        seed=cfg.seed, on_rollout=on_rollout, sandbox_extra_ro=cfg.rollout.sandbox_extra_ro)
 
@@ -355,7 +349,7 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
 
     if (checkpoint is None) == (openai is None):
         raise DriverError("evaluate: give exactly one of a checkpoint or an OpenAI-compatible model")
-    lim = limits or _limits(LimitsConfig())
+    lim = limits or LimitsConfig().to_limits()
     log = _open(log)
     split = tasks[0].split.value if tasks else "none"
     if openai is not None:
@@ -451,7 +445,7 @@ def run_eval(args: Any, *, log: RolloutLog | Callable[[], RolloutLog] | None = N
     tmp = tempfile.mkdtemp(prefix="flywheel-eval-")
     try:
         res = evaluate(tasks, k=args.k, checkpoint=args.checkpoint if openai is None else None, openai=openai,
-                       log=log, limits=_limits(limits_cfg), temperature=args.temperature,
+                       log=log, limits=limits_cfg.to_limits(), temperature=args.temperature,
                        sandbox_extra_ro=extra_ro,
                        max_tokens=args.max_tokens, store_root=Path(tmp), seed=args.seed,
                        address=getattr(args, "address", None), progress=bar.update)

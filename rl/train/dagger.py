@@ -276,7 +276,7 @@ def run_dagger(model: Any, tokenizer: Any, profile: Any, train_tasks: Sequence[A
 
     from agent.model.checkpoint import save_checkpoint
     from rl.config import RunConfig
-    from rl.rollout.driver import _limits, agent_sandbox_paths
+    from rl.rollout.driver import agent_sandbox_paths
     from rl.train.copy_tokens import format_token_ids, user_marker_id
     from rl.train.metrics import append_metrics
     from rl.train.sft import train_sft
@@ -300,7 +300,7 @@ def run_dagger(model: Any, tokenizer: Any, profile: Any, train_tasks: Sequence[A
                        desc=f"DAgger round {r + 1}/{cfg.dagger_rounds}: free-running rollouts")
             try:
                 rr = dagger_round(ckpt, tr, he, demos, tokenizer, max_len=model.cfg.max_seq_len,
-                                  samples=cfg.dagger_samples, limits=_limits(run_cfg.limits),
+                                  samples=cfg.dagger_samples, limits=run_cfg.limits.to_limits(),
                                   max_tokens=run_cfg.rollout.max_tokens_per_call, store_root=work / f"ws{r + 1}",
                                   seed=seed * 1000 + r, progress=bar.update,
                                   sandbox_extra_ro=agent_sandbox_paths([*tr, *he], run_cfg.rollout.sandbox_extra_ro))

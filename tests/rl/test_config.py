@@ -40,3 +40,12 @@ def test_missing_file_and_unknown_format(tmp_path: Path) -> None:
     (tmp_path / "run.ini").write_text("")
     with pytest.raises(ConfigError, match="unknown config format '.ini'"):
         load_run_config(tmp_path / "run.ini")
+
+
+def test_limits_become_the_runtimes_limits() -> None:
+    from agent.session import Limits
+    from rl.config import LimitsConfig
+
+    lim = LimitsConfig(max_model_calls=3, max_output_tokens=77, max_wall_s=9.5).to_limits()
+    assert isinstance(lim, Limits)
+    assert (lim.max_steps, lim.max_output_tokens, lim.max_wall_s) == (3, 77, 9.5)

@@ -53,6 +53,18 @@ def test_held_out_names_never_appear_in_train() -> None:
     assert _words(held) & _words(train) <= {"test", "0", "1", "2", "3", "4", "5", "6"}
 
 
+def test_no_invented_name_is_a_stdlib_module() -> None:
+    # a task's module named `enum` or `json` would shadow what the grader's unittest imports
+    import sys
+
+    from rl.tasks.vocab import HELDOUT_WORDS, TRAIN_WORDS
+
+    assert not set(TRAIN_WORDS + HELDOUT_WORDS) & sys.stdlib_module_names
+    jobs = plan(list(FAMILIES), 40, 8, seed=5)
+    paths = {part.removesuffix(".py") for j in jobs for p in make_task(*j).source.files for part in p.split("/")}
+    assert not paths & sys.stdlib_module_names - {"tests"}
+
+
 def test_seeds_differ_across_splits_and_tasks_are_deterministic() -> None:
     jobs = plan(list(FAMILIES), 8, 8, seed=0)
     assert not {s for _, sp, s, _ in jobs if sp is Split.TRAIN} & {s for _, sp, s, _ in jobs if sp is Split.HELDOUT}
