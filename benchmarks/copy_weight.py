@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work-dir", type=Path)
     ap.add_argument("--name", default="copy_weight")
+    ap.add_argument("--plot-dir", type=Path, default=DOCS, help="where NAME.png goes (default docs/rl)")
     args = ap.parse_args()
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="copy_weight_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -90,7 +91,8 @@ def main() -> None:
             raise SystemExit(f"{name} failed: see {runs[name][1]}.log")
     curves = {name: [json.loads(x) for x in (out / "sft_curve.jsonl").read_text().splitlines()]
               for name, (_, out) in runs.items()}
-    plot(curves, DOCS / f"{args.name}.png")
+    args.plot_dir.mkdir(parents=True, exist_ok=True)
+    plot(curves, args.plot_dir / f"{args.name}.png")
     last = {name: c[-1] for name, c in curves.items()}
     base, weighted = last[f"copy_weight {1.0:g}"], last[f"copy_weight {args.weight:g}"]
     result = {
