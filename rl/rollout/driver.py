@@ -82,6 +82,16 @@ def score(rollout: Rollout) -> None:
         rollout.metrics["ungraded"] = 1.0
 
 
+def sample_tasks(tasks: Sequence[Task], n: int, seed: int) -> list[Task]:
+    """``n`` of ``tasks`` drawn with ``seed``, in their original order (all when ``n >= len``). The
+    same seed gives the same sample, so two models compared with one ``--seed`` see the same tasks."""
+    if n >= len(tasks):
+        return list(tasks)
+    import random
+
+    return [tasks[i] for i in sorted(random.Random(seed).sample(range(len(tasks)), n))]
+
+
 def load_split(path: Path | None, split: Split | None) -> list[Task]:
     """The task set's tasks of ``split`` (all with None); :class:`DriverError` when there are none."""
     from rl.tasks.spec import load_tasks
@@ -425,6 +435,8 @@ def run_eval(args: Any, *, log: RolloutLog | Callable[[], RolloutLog] | None = N
     from rl.config import LimitsConfig
 
     tasks = load_split(args.tasks, Split(args.split))
+    if getattr(args, "max_tasks", None) is not None:
+        tasks = sample_tasks(tasks, args.max_tasks, args.seed)
     limits_cfg, extra_ro = LimitsConfig(), []
     if getattr(args, "config", None) is not None:
         from rl.config import load_run_config

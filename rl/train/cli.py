@@ -59,6 +59,8 @@ def add_commands(sub: argparse._SubParsersAction, *, make_log: Callable[[], Any]
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--max-tokens", type=int, default=256, help="per model call")
     e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--max-tasks", type=int, metavar="N",
+                   help="evaluate N tasks of the split, drawn with --seed (file order kept; default: all)")
     e.add_argument("--address", help="join this Ray cluster (default: ray.init() locally)")
     e.add_argument("--config", type=Path,
                    help="a run config whose `limits:` (model calls, output tokens, wall time) and "
@@ -216,6 +218,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         return _fail("eval", "--policy openai needs --base-url and --model")
     if args.k < 1:
         return _fail("eval", f"-k must be >= 1, got {args.k}")
+    if args.max_tasks is not None and args.max_tasks < 1:
+        return _fail("eval", f"--max-tasks must be >= 1, got {args.max_tasks}")
     from rl.rollout import driver
 
     try:

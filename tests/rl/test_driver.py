@@ -54,6 +54,16 @@ def test_a_grader_timeout_is_scored_as_a_failure() -> None:
     assert r.status is RolloutStatus.FINISHED and r.reward is not None and r.reward <= 0.0
 
 
+def test_sample_tasks_is_seeded_and_keeps_file_order() -> None:
+    from rl.rollout.driver import sample_tasks
+
+    items = list(range(50))
+    a = sample_tasks(items, 10, seed=3)  # type: ignore[arg-type]
+    assert a == sample_tasks(items, 10, seed=3) and a == sorted(a) and len(set(a)) == 10
+    assert a != sample_tasks(items, 10, seed=4)  # type: ignore[arg-type]
+    assert sample_tasks(items, 80, seed=3) == items  # type: ignore[arg-type]
+
+
 def test_pass_at_k_estimator() -> None:
     assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 2) == 1.0
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
@@ -131,6 +141,8 @@ def test_eval_refuses_incomplete_arguments(tasks: Path, capsys: pytest.CaptureFi
     assert "give a CHECKPOINT directory" in capsys.readouterr().err
     assert main(["rl", "eval", "--policy", "openai", "--tasks", str(tasks)]) == 2
     assert "needs --base-url and --model" in capsys.readouterr().err
+    assert main(["rl", "eval", "ckpt", "--tasks", str(tasks), "--max-tasks", "0"]) == 2
+    assert "--max-tasks must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_a_grader_that_cannot_run_excludes_the_rollout_and_counts_it(ray_session, tasks: Path,
