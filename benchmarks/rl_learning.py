@@ -63,6 +63,8 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
     t0 = time.perf_counter()
     root.mkdir(parents=True, exist_ok=True)
     tasks_file = root / "tasks.jsonl"
+    if args.start is not None and not (root / "sft_done.json").exists():
+        adopt_start(args, args.start, root)
     if not tasks_file.exists():
         from tools.sandbox import make_sandbox
 
@@ -124,6 +126,60 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
     return dagger_stage(args, root, sft_seed, {
         "tasks_file": tasks_file, "sft": sft, "sft_curve": curve, "sft_s": time.perf_counter() - t0,
         "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]})
+
+
+START_FILES = ("config.json", "meta.json", "model.safetensors", "tokenizer.json")
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Path) -> None:
+    """``--save-start DEST``: the start ``checkpoint`` (after SFT, or after the DAgger rounds when
+    there were any: ``dagger_done.json`` comes along), its SFT curve and the
+    recipe that rebuilds its task set (``start.json``: sizes, data seed, the task file's sha256),
+    without the 2 MB task file or the optimizer state: ~9 MB for ``mini``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "sft").mkdir(exist_ok=True)
+    for f in START_FILES:
+        shutil.copy(checkpoint / f, dest / "sft" / f)
+    shutil.copy(root / "sft_done.json", dest / "sft_done.json")
+    shutil.copy(root / "tasks_summary.json", dest / "tasks_summary.json")
+    (dest / "start.json").write_text(json.dumps({
+        "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
+        "preset": args.preset, "tasks_sha256": _sha256(root / "tasks.jsonl"),
+        "dagger_rounds": args.dagger_rounds}, indent=2) + "\n")
+    if (root / "dagger_done.json").exists():
+        shutil.copy(root / "dagger_done.json", dest / "dagger_done.json")
+
+
+def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
+    """``--start DIR`` (a ``--save-start`` directory): rebuild its task set in ``root`` from the
+    recorded recipe and refuse a task file that differs from the one the start was trained on
+    (its sha256), then use its weights as ``root/sft``: GRPO runs without pretraining or SFT."""
+    import asyncio
+
+    from rl.tasks.build import build_task_set
+    from tools.sandbox import make_sandbox
+
+    recipe = json.loads((start / "start.json").read_text())
+    for key in ("n_train", "n_heldout", "data_seed", "preset"):
+        if getattr(args, key) != recipe[key]:
+            raise SystemExit(f"--start {start}: it was built with {key}={recipe[key]!r}, this run has "
+                             f"{getattr(args, key)!r} (pass the same value)")
+    tasks_file = root / "tasks.jsonl"
+    if not tasks_file.exists():
+        asyncio.run(build_task_set(recipe["families"], recipe["n_train"], recipe["n_heldout"], recipe["data_seed"],
+                                   tasks_file, sandbox=make_sandbox()))
+    if _sha256(tasks_file) != recipe["tasks_sha256"]:
+        raise SystemExit(f"--start {start}: the rebuilt task set {tasks_file} differs from the one this start "
+                         "was trained on (sha256); the task families changed since")
+    shutil.copytree(start / "sft", root / "sft", dirs_exist_ok=True)
+    for f in ("sft_done.json", "tasks_summary.json"):
+        shutil.copy(start / f, root / f)
 
 
 def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dict[str, Any]) -> dict[str, Any]:
@@ -280,6 +336,10 @@ def main() -> None:
     ap.add_argument("--data-seed", type=int, default=0, help="the task set's seed (fixed across RL seeds)")
     ap.add_argument("--work-dir", type=Path, help="keep the task set, checkpoints and runs here (default: a temp dir)")
     ap.add_argument("--name", help="result name (default rl_learning or rl_learning_quick)")
+    ap.add_argument("--save-start", type=Path, metavar="DIR",
+                    help="after SFT, keep the start (weights, SFT curve, task-set recipe; ~9 MB for mini) in DIR")
+    ap.add_argument("--start", type=Path, metavar="DIR",
+                    help="a --save-start directory: rebuild its task set (checked by sha256) and run GRPO from it")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: report the seeds whose runs exist in --work-dir (a stopped run)")
     args = ap.parse_args()
@@ -318,7 +378,10 @@ def main() -> None:
                 continue
             if key not in starts:
                 starts[key] = build_start(args, tmp / f"start{key}", key)
-                shutil.copy(starts[key]["sft"] / "sft_curve.png", DOCS / f"{name}_sft{key}_curve.png")
+                if args.save_start is not None:
+                    save_start(args, tmp / f"start{key}", starts[key]["sft"], args.save_start)
+                if (starts[key]["sft"] / "sft_curve.png").exists():  # not kept by --save-start
+                    shutil.copy(starts[key]["sft"] / "sft_curve.png", DOCS / f"{name}_sft{key}_curve.png")
             seeds.append(run_seed(s, args, starts[key], tmp, name) | {"sft_from": key})
             report(args, sizing, name, seeds, starts)  # after every seed: a stopped run keeps what it measured
     finally:

@@ -1,0 +1,73 @@
+"""benchmarks/rl_learning.py --save-start / --start: a start saved once is adopted by a later run
+on a task set rebuilt from its recipe, and refused when the rebuilt set or the sizes differ."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from agent.model.checkpoint import load_checkpoint, save_checkpoint
+from agent.model.config import ModelConfig
+from agent.model.transformer import MoETransformer
+from agent.prompt import COMPACT_PROFILE
+from rl.tasks.build import build_task_set
+from tests.agent.model.test_engine import tiny_tokenizer
+from tools.sandbox import make_sandbox
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+pytestmark = pytest.mark.timeout(300)
+
+
+def _module() -> ModuleType:
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("rl_learning_under_test", BENCH / "rl_learning.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
+    rl_learning = _module()
+    args = argparse.Namespace(n_train=4, n_heldout=2, data_seed=0, preset="tiny", dagger_rounds=0)
+    root = tmp_path / "first" / "start0"
+    root.mkdir(parents=True)
+    summary = asyncio.run(build_task_set(rl_learning.FAMILIES, 4, 2, 0, root / "tasks.jsonl", sandbox=make_sandbox()))
+    (root / "tasks_summary.json").write_text(json.dumps(summary.to_json()))
+    (root / "sft_done.json").write_text(json.dumps({"curve": [{"step": 0}], "seconds": 1.0}))
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size))
+    save_checkpoint(root / "sft", model, tok, step=3, profile=COMPACT_PROFILE)
+    (root / "sft" / "optimizer.pt").write_bytes(b"not kept")
+
+    saved = tmp_path / "saved"
+    rl_learning.save_start(args, root, root / "sft", saved)
+    assert sorted(p.name for p in (saved / "sft").iterdir()) == sorted(rl_learning.START_FILES)
+    assert not (saved / "tasks.jsonl").exists()  # rebuilt from the recipe, not stored
+
+    again = tmp_path / "second" / "start0"
+    again.mkdir(parents=True)
+    rl_learning.adopt_start(args, saved, again)
+    assert (again / "tasks.jsonl").read_bytes() == (root / "tasks.jsonl").read_bytes()  # the build is deterministic
+    loaded, _ = load_checkpoint(again / "sft")
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values(),
+                                                 strict=True))
+    assert json.loads((again / "sft_done.json").read_text())["curve"] == [{"step": 0}]
+
+    with pytest.raises(SystemExit, match="built with n_train=4, this run has 5"):
+        rl_learning.adopt_start(argparse.Namespace(**{**vars(args), "n_train": 5}), saved, tmp_path / "third")
+    recipe = json.loads((saved / "start.json").read_text())
+    (saved / "start.json").write_text(json.dumps(recipe | {"tasks_sha256": "0" * 64}))
+    (tmp_path / "fourth").mkdir()
+    with pytest.raises(SystemExit, match="differs from the one this start was trained on"):
+        rl_learning.adopt_start(args, saved, tmp_path / "fourth")
+    assert not (tmp_path / "fourth" / "sft").exists()  # nothing adopted
