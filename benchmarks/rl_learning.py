@@ -165,6 +165,8 @@ def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
     from rl.tasks.build import build_task_set
     from tools.sandbox import make_sandbox
 
+    if not (start / "start.json").is_file() or not (start / "sft" / "model.safetensors").is_file():
+        raise SystemExit(f"--start {start}: not a --save-start directory (it needs start.json and sft/)")
     recipe = json.loads((start / "start.json").read_text())
     for key in ("n_train", "n_heldout", "data_seed", "preset"):
         if getattr(args, key) != recipe[key]:

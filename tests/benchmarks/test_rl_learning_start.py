@@ -63,6 +63,8 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
                                                  strict=True))
     assert json.loads((again / "sft_done.json").read_text())["curve"] == [{"step": 0}]
 
+    with pytest.raises(SystemExit, match="not a --save-start directory"):
+        rl_learning.adopt_start(args, tmp_path / "first", tmp_path / "third")
     with pytest.raises(SystemExit, match="built with n_train=4, this run has 5"):
         rl_learning.adopt_start(argparse.Namespace(**{**vars(args), "n_train": 5}), saved, tmp_path / "third")
     recipe = json.loads((saved / "start.json").read_text())
