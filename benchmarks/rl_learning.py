@@ -228,7 +228,8 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "tasks": str(start["tasks_file"]), "iterations": args.iterations,
         "tasks_per_iteration": args.tasks_per_iteration, "lr": args.lr,
         "model": {"preset": args.preset, "init": str(start["sft"])},
-        "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches},
+        "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
+                 "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws},
         "limits": {"max_model_calls": args.max_model_calls,
                    "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": 120},
         "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens},
@@ -256,6 +257,8 @@ def seed_result(seed: int, run: Path, name: str) -> dict[str, Any]:
             "train_success_rate": [r.get("success_rate") for r in trained],
             "train_mean_reward": [r.get("mean_reward") for r in trained],
             "train_malformed_call_rate": [r.get("malformed_call_rate") for r in trained],
+            "train_groups_success_varied": [r.get("groups_success_varied") for r in trained],
+            "train_draws": [r.get("draws") for r in trained],
             "seconds": {"per_iteration": statistics.fmean(r.get("time_rollouts_s", 0) + r.get("time_training_s", 0)
                                                           for r in trained) if trained else 0.0,
                         "heldout_eval": sum(r.get("time_heldout_eval_s", 0.0) for r in records)}}
@@ -318,6 +321,14 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int)
     ap.add_argument("--sft-steps", type=int)
     ap.add_argument("--k", type=int, help="held-out samples per task (pass@k)")
+    ap.add_argument("--tasks-per-iteration", type=int, help="GRPO groups per update (tasks drawn per draw)")
+    ap.add_argument("--group", type=int, help="GRPO group size G (rollouts per task)")
+    ap.add_argument("--lr", type=float, help="GRPO learning rate")
+    ap.add_argument("--minibatches", type=int, help="GRPO optimizer steps per iteration")
+    ap.add_argument("--dynamic-sampling", choices=["off", "success"], default="off",
+                    help="grpo.dynamic_sampling (DAPO): train only on groups whose success varies, drawing more "
+                         "tasks (at most --max-draws draws) until --tasks-per-iteration such groups")
+    ap.add_argument("--max-draws", type=int, default=4, help="grpo.max_draws")
     ap.add_argument("--sft-per-seed", action="store_true", help="a fresh SFT per seed (default: one, shared)")
     ap.add_argument("--pretrain-steps", type=int, help="pretrain on code this many steps before SFT (0: random init)")
     ap.add_argument("--copy-drill-steps", type=int, default=0,
@@ -409,7 +420,9 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "sft_copy_weight": args.sft_copy_weight,
                                                                  "dagger_rounds": args.dagger_rounds,
                                                                  "dagger_tasks": args.dagger_tasks,
-                                                                 "dagger_steps": args.dagger_steps},
+                                                                 "dagger_steps": args.dagger_steps,
+                                                                 "dynamic_sampling": args.dynamic_sampling,
+                                                                 "max_draws": args.max_draws},
               "seeds_done": [s["seed"] for s in seeds], "seeds_planned": args.seeds,
               "summary": summary, "bars": bars(summary), "sft": sft_info, "seeds": seeds}
     (DOCS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -57,6 +57,12 @@ class GRPOConfig(_Section):
     routing_replay: bool = False  # train with the experts the sampler used (needs recorded routes)
     minibatches: int = Field(1, ge=1)  # optimizer steps per iteration (later ones are off-policy: PPO clip)
     micro_batch: int = Field(4, ge=1)  # rows per forward (gradient accumulation; bounds memory)
+    # DAPO's dynamic sampling (rl.train.loop): "success" draws more tasks until `tasks_per_iteration`
+    # groups hold both a solved and an unsolved rollout (at most `max_draws` draws of
+    # `tasks_per_iteration` tasks) and trains on those groups only; "off": one draw, every group whose
+    # rewards differ (the shaping terms alone included)
+    dynamic_sampling: Literal["off", "success"] = "off"
+    max_draws: int = Field(4, ge=1)
 
 
 class LimitsConfig(_Section):

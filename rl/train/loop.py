@@ -13,6 +13,17 @@ an iteration takes the next ``tasks_per_iteration`` of them (wrapping into the n
 epoch). The order and the position are part of the checkpoint, so a resumed run samples
 exactly the tasks the uninterrupted run would have.
 
+Dynamic sampling (``grpo.dynamic_sampling: success``, DAPO's): when fewer than
+``tasks_per_iteration`` of the drawn groups hold both a solved and an unsolved rollout, the loop
+draws the next ``tasks_per_iteration`` tasks of the same order, up to ``grpo.max_draws`` draws,
+and the update trains on the first ``tasks_per_iteration`` such groups only. Why: with a start
+that solves a few percent of tasks, most groups differ only in the shaping terms (a malformed
+call, a limit), and an update over all of them is mostly that noise; the groups where success
+varies carry the signal the run is for. Departure from DAPO: it resamples until the batch is
+full (``max_num_gen_batches`` caps it in verl); we cap by ``max_draws`` and train on what we
+have, so an iteration may train on fewer groups (``groups_success_varied`` says how many) or on
+none. Every drawn rollout is logged and counted in the iteration's success metrics.
+
 Resume: with ``resume=True`` the loop continues from ``OUT/checkpoints/latest``
 (weights, optimizer, RNG, iteration, weights version, task order); a run killed between
 iterations and resumed gives the same next iteration as one that was not
@@ -34,7 +45,7 @@ from rl.config import RunConfig
 from rl.train.metrics import append_metrics, plot_metrics, read_metrics, rollout_metrics
 from rl.types import Rollout
 
-__all__ = ["LoopResult", "RolloutSource", "next_tasks", "run_loop"]
+__all__ = ["LoopResult", "RolloutSource", "next_tasks", "run_loop", "success_varied_groups"]
 
 
 class RolloutSource(Protocol):
@@ -44,8 +55,10 @@ class RolloutSource(Protocol):
         """Make these weights (``model.state_dict()``, CPU tensors) the sampler's, as ``version``."""
         ...
 
-    def collect(self, task_ids: Sequence[str], *, iteration: int, group_size: int) -> list[Rollout]:
-        """``group_size`` graded, rewarded rollouts of each task (infra failures as ``INFRA_ERROR``)."""
+    def collect(self, task_ids: Sequence[str], *, iteration: int, group_size: int,
+                seed_offset: int = 0) -> list[Rollout]:
+        """``group_size`` graded, rewarded rollouts of each task (infra failures as ``INFRA_ERROR``);
+        ``seed_offset`` separates the sampling seeds of a second draw in one iteration from the first's."""
         ...
 
 
@@ -138,13 +151,27 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
             epoch=state.epoch)
         t0 = time.perf_counter()
         rollouts = source.collect(tasks, iteration=state.iteration, group_size=cfg.grpo.group_size)
+        train_on, draws = rollouts, 1
+        if cfg.grpo.dynamic_sampling == "success":
+            while len(success_varied_groups(rollouts)) < cfg.tasks_per_iteration and draws < cfg.grpo.max_draws:
+                more, state.task_order, state.task_pos, state.epoch = next_tasks(
+                    task_ids, cfg.tasks_per_iteration, seed=cfg.seed, order=state.task_order, pos=state.task_pos,
+                    epoch=state.epoch)
+                rollouts = rollouts + source.collect(more, iteration=state.iteration, group_size=cfg.grpo.group_size,
+                                                     seed_offset=draws * 1_000)
+                tasks += more
+                draws += 1
+            kept = set(success_varied_groups(rollouts)[: cfg.tasks_per_iteration])
+            train_on = [r for r in rollouts if r.task_id in kept]
         t1 = time.perf_counter()
         stale = [r for r in rollouts if r.weights_version != state.weights_version]
         if stale:
             raise RuntimeError(f"{len(stale)} rollouts were sampled with weights version "
                                f"{stale[0].weights_version}, not the published {state.weights_version}: "
                                "the source did not apply publish()")
-        train_m = trainer.step(rollouts)
+        train_m = trainer.step(train_on)
+        if cfg.grpo.dynamic_sampling != "off":
+            train_m |= {"draws": float(draws), "groups_success_varied": float(len(success_varied_groups(rollouts)))}
         t2 = time.perf_counter()
         state.iteration += 1
         done_now += 1
@@ -171,6 +198,19 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
         if progress is not None:
             progress(record)
     return LoopResult(state.iteration, state.weights_version, records, out)
+
+
+def success_varied_groups(rollouts: Sequence[Rollout]) -> list[str]:
+    """Task ids, in first-seen order, whose scored rollouts include both a solved and an unsolved
+    one (the ``success`` reward term; infrastructure errors and unscored rollouts left out)."""
+    from rl.types import RolloutStatus
+
+    seen: dict[str, set[bool]] = {}
+    for r in rollouts:
+        if r.status is RolloutStatus.INFRA_ERROR or r.reward is None:
+            continue
+        seen.setdefault(r.task_id, set()).add(bool(r.reward_terms.get("success")))
+    return [t for t, outcomes in seen.items() if len(outcomes) == 2]
 
 
 def _cpu_state(model: Any) -> dict[str, Any]:

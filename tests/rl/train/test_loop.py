@@ -135,3 +135,74 @@ def test_heldout_evaluation_runs_at_the_start_every_n_iterations_and_at_the_end(
     run_loop(cfg4, model=tiny_model(seed=1, vocab_size=tok.vocab_size), tokenizer=tok,
              profile=profile_named("compact"), task_ids=["a", "b", "c"], source=source, evaluate=evaluate)
     assert [it for it, _ in seen] == [4]
+
+
+class OutcomeSource(ToySource):
+    """``easy*`` tasks are always solved, ``hard*`` never, ``mixed*`` in half the samples; every
+    rollout samples 4 tokens from the published weights (so an update changes them). Records each
+    ``collect`` call's tasks and seed offset."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__(vocab)
+        self.calls: list[tuple[list[str], int]] = []
+
+    def collect(self, task_ids: Sequence[str], *, iteration: int, group_size: int,
+                seed_offset: int = 0) -> list[Rollout]:
+        self.calls.append((list(task_ids), seed_offset))
+        out = super().collect(task_ids, iteration=iteration, group_size=group_size)
+        for r in out:
+            r.status = RolloutStatus.FINISHED
+            solved = r.task_id.startswith("easy") or (r.task_id.startswith("mixed") and r.sample % 2 == 0)
+            # the shaping terms differ inside EVERY group (sample 1 "hit a limit"): without dynamic
+            # sampling all groups have reward variance
+            r.reward = float(solved) - (0.1 if r.sample == 1 else 0.0)
+            r.reward_terms = {"success": float(solved)}
+            r.grade = GradeResult(solved, "", 0.0)
+        return out
+
+
+def test_dynamic_sampling_draws_until_success_varies_and_trains_only_on_those_groups(tmp_path: Path,
+                                                                                     tok: Tokenizer) -> None:
+    from rl.train.loop import success_varied_groups
+
+    source = OutcomeSource(tok.vocab_size)
+    cfg = RunConfig.model_validate({"out_dir": str(tmp_path), "iterations": 1, "tasks_per_iteration": 2,
+                                    "lr": 1e-2, "seed": 0, "grpo": {"group_size": 4, "norm_tokens": 4,
+                                                                    "dynamic_sampling": "success", "max_draws": 3}})
+    ids = ["easy0", "easy1", "hard0", "hard1", "mixed0"]
+    run_loop(cfg, model=tiny_model(seed=1, vocab_size=tok.vocab_size), tokenizer=tok,
+             profile=profile_named("compact"), task_ids=ids, source=source)
+    drawn = [t for tasks, _ in source.calls for t in tasks]
+    # only one task can ever vary in success, so the loop draws its cap of 3 x 2 tasks (one epoch and a wrap)
+    assert len(source.calls) == 3 and [off for _, off in source.calls] == [0, 1000, 2000]
+    assert "mixed0" in drawn and len(drawn) == 6
+    rec = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert rec["draws"] == 3 and rec["rollouts"] == 24 and rec["tasks"] == 6
+    assert rec["groups_success_varied"] >= 1
+    assert rec["n_rollouts"] == 4 * drawn.count("mixed0")  # the update saw the mixed group only
+    assert rec["stepped"] == 1.0
+    assert success_varied_groups([]) == []
+
+
+def test_dynamic_sampling_stops_drawing_once_enough_groups_vary(tmp_path: Path, tok: Tokenizer) -> None:
+    source = OutcomeSource(tok.vocab_size)
+    cfg = RunConfig.model_validate({"out_dir": str(tmp_path), "iterations": 2, "tasks_per_iteration": 1,
+                                    "lr": 1e-2, "seed": 0, "grpo": {"group_size": 4, "norm_tokens": 4,
+                                                                    "dynamic_sampling": "success", "max_draws": 5}})
+    run_loop(cfg, model=tiny_model(seed=1, vocab_size=tok.vocab_size), tokenizer=tok,
+             profile=profile_named("compact"), task_ids=["hard0", "mixed0"], source=source)
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for rec in recs:  # each iteration draws until it has mixed0, never past it
+        assert rec["groups_success_varied"] == 1 and rec["n_rollouts"] == 4 and rec["stepped"] == 1.0
+    assert [t for tasks, _ in source.calls for t in tasks].count("hard0") == sum(r["draws"] for r in recs) - 2
+
+
+def test_without_dynamic_sampling_shaping_only_groups_are_trained_on(tmp_path: Path, tok: Tokenizer) -> None:
+    source = OutcomeSource(tok.vocab_size)
+    cfg = RunConfig.model_validate({"out_dir": str(tmp_path), "iterations": 1, "tasks_per_iteration": 2,
+                                    "lr": 1e-2, "seed": 0, "grpo": {"group_size": 4, "norm_tokens": 4}})
+    run_loop(cfg, model=tiny_model(seed=1, vocab_size=tok.vocab_size), tokenizer=tok,
+             profile=profile_named("compact"), task_ids=["hard0", "hard1"], source=source)
+    rec = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert len(source.calls) == 1 and rec["n_rollouts"] == 8 and "draws" not in rec
+    assert rec["n_groups_zero_std"] == 0 and rec["stepped"] == 1.0  # no success anywhere, yet an update
