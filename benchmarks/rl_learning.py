@@ -99,6 +99,8 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         model = MoETransformer(ModelConfig.preset(args.preset, vocab_size=tok.vocab_size, max_seq_len=2048))
         save_checkpoint(root / "init", model, tok, step=0, profile=COMPACT_PROFILE)
     init = root / "init"
+    if args.copy_head:
+        init = add_copy_head(init, root / "init_copyhead", sft_seed)
     if args.copy_drill_steps:
         # copy drills between pretraining and SFT (agent.model.copy_drills; benchmarks/copy_probe.py):
         # the pretrained mini model learns to copy a path from its context only from these
@@ -128,6 +130,25 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]})
 
 
+def add_copy_head(init: Path, dest: Path, seed: int) -> Path:
+    """``--copy-head``: ``init`` (pretrained without one, or a random init) with a fresh copy head
+    (``agent.model.copy_head``) saved to ``dest``, which SFT starts from. Departure from training the
+    head from the first pretraining step: the head is added after pretraining, so one pretrained init
+    serves runs with and without it (its init leaves the LM head at least half the mass)."""
+    import torch
+
+    from agent.model.checkpoint import load_checkpoint, load_profile, save_checkpoint
+
+    if (dest / "model.safetensors").exists():
+        return dest
+    model, tok = load_checkpoint(init)
+    if model.cfg.copy_head:
+        return init
+    torch.manual_seed(seed)
+    save_checkpoint(dest, model.with_copy_head(), tok, step=0, profile=load_profile(init))
+    return dest
+
+
 START_FILES = ("config.json", "meta.json", "model.safetensors", "tokenizer.json")
 
 
@@ -150,7 +171,7 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
     shutil.copy(root / "tasks_summary.json", dest / "tasks_summary.json")
     (dest / "start.json").write_text(json.dumps({
         "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
-        "preset": args.preset, "tasks_sha256": _sha256(root / "tasks.jsonl"),
+        "preset": args.preset, "copy_head": args.copy_head, "tasks_sha256": _sha256(root / "tasks.jsonl"),
         "dagger_rounds": args.dagger_rounds}, indent=2) + "\n")
     if (root / "dagger_done.json").exists():
         shutil.copy(root / "dagger_done.json", dest / "dagger_done.json")
@@ -168,8 +189,8 @@ def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
     if not (start / "start.json").is_file() or not (start / "sft" / "model.safetensors").is_file():
         raise SystemExit(f"--start {start}: not a --save-start directory (it needs start.json and sft/)")
     recipe = json.loads((start / "start.json").read_text())
-    for key in ("n_train", "n_heldout", "data_seed", "preset"):
-        if getattr(args, key) != recipe[key]:
+    for key in ("n_train", "n_heldout", "data_seed", "preset", "copy_head"):
+        if getattr(args, key) != recipe.get(key, False if key == "copy_head" else None):
             raise SystemExit(f"--start {start}: it was built with {key}={recipe[key]!r}, this run has "
                              f"{getattr(args, key)!r} (pass the same value)")
     tasks_file = root / "tasks.jsonl"
@@ -227,7 +248,7 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "name": f"{name}-seed{seed}", "seed": seed, "out_dir": str(root / f"run{seed}"),
         "tasks": str(start["tasks_file"]), "iterations": args.iterations,
         "tasks_per_iteration": args.tasks_per_iteration, "lr": args.lr,
-        "model": {"preset": args.preset, "init": str(start["sft"])},
+        "model": {"preset": args.preset, "init": str(start["sft"]), "copy_head": args.copy_head},
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws},
         "limits": {"max_model_calls": args.max_model_calls,
@@ -329,6 +350,9 @@ def main() -> None:
                     help="grpo.dynamic_sampling (DAPO): train only on groups whose success varies, drawing more "
                          "tasks (at most --max-draws draws) until --tasks-per-iteration such groups")
     ap.add_argument("--max-draws", type=int, default=4, help="grpo.max_draws")
+    ap.add_argument("--copy-head", action="store_true",
+                    help="give the policy a copy head (agent.model.copy_head) before SFT: copying a path or a line "
+                         "from the context becomes one attention lookup")
     ap.add_argument("--sft-per-seed", action="store_true", help="a fresh SFT per seed (default: one, shared)")
     ap.add_argument("--pretrain-steps", type=int, help="pretrain on code this many steps before SFT (0: random init)")
     ap.add_argument("--copy-drill-steps", type=int, default=0,
@@ -421,6 +445,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "dagger_rounds": args.dagger_rounds,
                                                                  "dagger_tasks": args.dagger_tasks,
                                                                  "dagger_steps": args.dagger_steps,
+                                                                 "copy_head": args.copy_head,
                                                                  "dynamic_sampling": args.dynamic_sampling,
                                                                  "max_draws": args.max_draws},
               "seeds_done": [s["seed"] for s in seeds], "seeds_planned": args.seeds,

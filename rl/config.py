@@ -40,6 +40,7 @@ class ModelSection(_Section):
     init: Path | None = None  # a checkpoint to start from (the SFT output); None: random init (tests)
     precision: Literal["fp32", "bf16", "mxfp8"] = "fp32"  # trainer numerics (ModelConfig.precision)
     prompt_profile: str | None = None  # None: the init checkpoint's profile, else the preset's default
+    copy_head: bool = False  # the preset with agent.model.copy_head (the init checkpoint must have it too)
 
 
 class GRPOConfig(_Section):

@@ -31,6 +31,10 @@ class ModelConfig:
     # under mxfp8: "all" = routed experts, shared expert and attention projections in MXFP8;
     # "experts" = only the routed experts' grouped GEMMs (torchao/torchtitan's default filter), the rest fp32
     mxfp8_scope: MXFP8Scope = "all"
+    # a pointer-sentinel copy head (agent.model.copy_head) mixes the LM head's distribution with a
+    # distribution over the tokens that FOLLOWED earlier positions of the context: copying a path or a
+    # line the model has seen is one attention lookup instead of an induction circuit to grow
+    copy_head: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:

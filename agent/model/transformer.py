@@ -13,7 +13,9 @@ cache continues each row's slot at that slot's cached length, so rows with
 different lengths share one call; the causal mask over the cached keys is built
 per row. The cached forward computes the same function as the no-cache forward
 (the tests hold them within 1e-5 in fp32), which is how the engine's logprobs
-equal training logprobs. Not guaranteed: bit-identity between the two paths
+equal training logprobs. With ``cfg.copy_head`` the logits are the log-probabilities
+of the copy head's mixture (``agent.model.copy_head``), whose keys and token ids
+the cache holds too. Not guaranteed: bit-identity between the two paths
 (the attention kernels reduce in different orders), or anything about slots
 whose cached length plus T would exceed ``max_len`` (that raises).
 """
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent.model.config import ModelConfig
+from agent.model.copy_head import CopyHead
 from agent.model.moe import MoELayer, MoEOutput
 from agent.model.numerics import Linear, autocast_for, require_kernels
 
@@ -47,6 +50,12 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.lengths = torch.zeros(max_slots, dtype=torch.long, device=device)
+        # the copy head's keys (fp32) and every cached position's token id (its successor is what
+        # a later query copies); only for a model with cfg.copy_head
+        self.copy_keys = self.ids = None
+        if cfg.copy_head:
+            self.copy_keys = torch.zeros(max_slots, max_len, cfg.d_model, dtype=torch.float32, device=device)
+            self.ids = torch.zeros(max_slots, max_len, dtype=torch.long, device=device)
         self.max_slots, self.max_len = max_slots, max_len
 
     def reset(self, slot: int) -> None:
@@ -59,12 +68,15 @@ class KVCache:
         if source is not None and source != slot:
             self.k[:, slot, :, :n] = self.k[:, source, :, :n]
             self.v[:, slot, :, :n] = self.v[:, source, :, :n]
+            if self.copy_keys is not None and self.ids is not None:
+                self.copy_keys[slot, :n] = self.copy_keys[source, :n]
+                self.ids[slot, :n] = self.ids[source, :n]
         self.lengths[slot] = n
 
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # [B, T, V], fp32
+    logits: torch.Tensor  # [B, T, V], fp32; with cfg.copy_head the mixture's log-probabilities (normalised)
     aux_loss: torch.Tensor  # scalar: aux_loss_coef × mean over layers of E·Σ f_i P_i; 0 when the coefficient is 0
     expert_counts: torch.Tensor  # [n_layers, n_experts] tokens routed (long)
     routes: torch.Tensor | None = None  # [B, T, n_moe_layers, top_k] expert ids (long), with return_routes=True
@@ -155,6 +167,7 @@ class MoETransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.copy = CopyHead(cfg.d_model, cfg.max_seq_len) if cfg.copy_head else None
         cos, sin = rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -170,6 +183,8 @@ class MoETransformer(nn.Module):
                 nn.init.normal_(lin.weight, std=0.02)
             nn.init.normal_(block.attn.wo.weight, std=out_std)
             block.moe.reset_parameters(out_std=out_std)
+        if self.copy is not None:
+            self.copy.reset_parameters()
 
     def forward(self, input_ids: torch.Tensor, *, cache: KVCache | None = None,
                 slots: torch.Tensor | None = None, return_routes: bool = False,
@@ -220,13 +235,36 @@ class MoETransformer(nn.Module):
                 aux.append(moe.aux_loss)
                 counts.append(moe.counts)
                 used.append(moe.experts)
-            logits = self.lm_head(self.norm(x)).float()
+            h = self.norm(x)
+            logits = self.lm_head(h).float()
+        if self.copy is not None:
+            logits = self._copy_mix(h, logits, input_ids, cache, slots, pos)
         if cache is not None:
             cache.lengths[slots] += t
         coef = self.cfg.aux_loss_coef
         aux_loss = coef * torch.stack(aux).mean() if coef > 0 else torch.zeros((), device=device)
         out_routes = torch.stack(used, dim=2) if return_routes else None
         return ModelOutput(logits=logits, aux_loss=aux_loss, expert_counts=torch.stack(counts), routes=out_routes)
+
+    def _copy_mix(self, h: torch.Tensor, logits: torch.Tensor, input_ids: torch.Tensor, cache: KVCache | None,
+                  slots: torch.Tensor | None, pos: torch.Tensor | None) -> torch.Tensor:
+        """The copy head's mixture (``agent.model.copy_head``) as log-probabilities; with a cache the
+        rows' keys and ids are stored first, so a query sees every earlier position of its slot."""
+        assert self.copy is not None
+        keys = self.copy.keys(h)
+        if cache is None:
+            b, t = input_ids.shape
+            successors = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)
+            allowed = torch.ones(t, t, dtype=torch.bool, device=h.device).tril(-1)[None].expand(b, t, t)
+            return self.copy(h, logits, keys, successors, allowed)
+        assert slots is not None and pos is not None and cache.copy_keys is not None and cache.ids is not None
+        cache.copy_keys[slots[:, None], pos] = keys
+        cache.ids[slots[:, None], pos] = input_ids.to(cache.ids.device)
+        n = int(pos[:, -1].max()) + 1
+        all_keys, ids = cache.copy_keys[slots, :n], cache.ids[slots, :n]
+        successors = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+        allowed = torch.arange(n, device=h.device)[None, None, :] < pos[:, :, None]
+        return self.copy(h, logits, all_keys, successors, allowed)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -239,6 +277,19 @@ class MoETransformer(nn.Module):
         """Auxiliary-loss-free balancing step from ``ModelOutput.expert_counts`` (no-op at rate 0)."""
         for block, counts in zip(self.blocks, expert_counts, strict=True):
             block.moe.update_bias(counts)
+
+    def with_copy_head(self) -> MoETransformer:
+        """A new model with these weights and a fresh copy head (``cfg.copy_head``; its init keeps
+        the LM head's distribution mostly as it was, see :class:`CopyHead`). Raises
+        ``ValueError`` if this model has one already."""
+        from dataclasses import replace
+
+        if self.copy is not None:
+            raise ValueError("this model already has a copy head")
+        model = MoETransformer(replace(self.cfg, copy_head=True))
+        missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
+        assert not unexpected and all(k.startswith("copy.") for k in missing), (missing, unexpected)
+        return model.train(self.training)
 
     def num_params(self, *, active: bool = False) -> int:
         """All parameters, or those one token uses (top_k of n_experts routed experts)."""

@@ -37,7 +37,7 @@ def _module() -> ModuleType:
 
 def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     rl_learning = _module()
-    args = argparse.Namespace(n_train=4, n_heldout=2, data_seed=0, preset="tiny", dagger_rounds=0)
+    args = argparse.Namespace(n_train=4, n_heldout=2, data_seed=0, preset="tiny", dagger_rounds=0, copy_head=False)
     root = tmp_path / "first" / "start0"
     root.mkdir(parents=True)
     summary = asyncio.run(build_task_set(rl_learning.FAMILIES, 4, 2, 0, root / "tasks.jsonl", sandbox=make_sandbox()))

@@ -1,4 +1,5 @@
-"""The cached forward (prefill + batched decode over slots of different lengths) equals the plain one."""
+"""The cached forward (prefill + batched decode over slots of different lengths) equals the plain one,
+with and without the copy head (``cfg.copy_head``: its keys and token ids live in the cache too)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ def _no_grad() -> object:
         yield
 
 
-@pytest.fixture(scope="module")
-def model() -> MoETransformer:
+@pytest.fixture(scope="module", params=[False, True], ids=["lm-head", "copy-head"])
+def model(request: pytest.FixtureRequest) -> MoETransformer:
+    from dataclasses import replace
+
     torch.manual_seed(0)
-    m = MoETransformer(CFG).eval()
+    m = MoETransformer(replace(CFG, copy_head=request.param)).eval()
     with torch.no_grad():  # a non-trivial router bias: selection must be the same in both paths
         for block in m.blocks:
             block.moe.router_bias.normal_(0, 0.05)
@@ -29,23 +32,23 @@ def model() -> MoETransformer:
 
 
 def test_no_cache_forward_shapes_and_causality(model: MoETransformer) -> None:
-    ids = torch.randint(0, CFG.vocab_size, (2, 12))
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 12))
     out = model(ids)
-    assert out.logits.shape == (2, 12, CFG.vocab_size) and out.logits.dtype == torch.float32
-    assert out.expert_counts.shape == (CFG.n_layers, CFG.n_experts)
-    assert int(out.expert_counts.sum()) == CFG.n_layers * 2 * 12 * CFG.top_k
+    assert out.logits.shape == (2, 12, model.cfg.vocab_size) and out.logits.dtype == torch.float32
+    assert out.expert_counts.shape == (model.cfg.n_layers, model.cfg.n_experts)
+    assert int(out.expert_counts.sum()) == model.cfg.n_layers * 2 * 12 * model.cfg.top_k
     changed = ids.clone()
-    changed[:, 8:] = (changed[:, 8:] + 1) % CFG.vocab_size  # the future must not leak into the past
+    changed[:, 8:] = (changed[:, 8:] + 1) % model.cfg.vocab_size  # the future must not leak into the past
     torch.testing.assert_close(model(changed).logits[:, :8], out.logits[:, :8], rtol=0, atol=1e-6)
 
 
 def test_cached_prefill_and_decode_equal_no_cache(model: MoETransformer) -> None:
     torch.manual_seed(1)
     total = 40
-    seqs = torch.randint(0, CFG.vocab_size, (3, total))
+    seqs = torch.randint(0, model.cfg.vocab_size, (3, total))
     with torch.no_grad():
         reference = model(seqs).logits
-    cache = KVCache(CFG, max_slots=6, max_len=64)
+    cache = KVCache(model.cfg, max_slots=6, max_len=64)
     slots = torch.tensor([5, 0, 3])
     prompt_lens = [4, 13, 21]  # different cached lengths per slot
     got: list[list[torch.Tensor]] = [[] for _ in slots]
@@ -68,14 +71,14 @@ def test_cached_prefill_and_decode_equal_no_cache(model: MoETransformer) -> None
     assert cache.lengths[slots].tolist() == pos
     worst = 0.0
     for r in range(3):
-        logits = torch.cat([g.reshape(-1, CFG.vocab_size) for g in got[r]])
+        logits = torch.cat([g.reshape(-1, model.cfg.vocab_size) for g in got[r]])
         worst = max(worst, float((logits - reference[r, :pos[r]]).abs().max()))
     assert worst <= 1e-5, worst
 
 
 def test_reset_slot_reuses_it(model: MoETransformer) -> None:
-    cache = KVCache(CFG, max_slots=2, max_len=32)
-    a, b = torch.randint(0, CFG.vocab_size, (2, 1, 10))
+    cache = KVCache(model.cfg, max_slots=2, max_len=32)
+    a, b = torch.randint(0, model.cfg.vocab_size, (2, 1, 10))
     with torch.no_grad():
         model(a, cache=cache, slots=torch.tensor([1]))
         cache.reset(1)
@@ -85,7 +88,7 @@ def test_reset_slot_reuses_it(model: MoETransformer) -> None:
 
 
 def test_cache_overflow_and_bad_slots_raise(model: MoETransformer) -> None:
-    cache = KVCache(CFG, max_slots=2, max_len=8)
+    cache = KVCache(model.cfg, max_slots=2, max_len=8)
     with pytest.raises(ValueError, match="overflow"):
         model(torch.zeros(1, 9, dtype=torch.long), cache=cache, slots=torch.tensor([0]))
     with pytest.raises(ValueError, match="different slot"):
@@ -96,7 +99,7 @@ def test_cache_overflow_and_bad_slots_raise(model: MoETransformer) -> None:
 
 
 def test_logprobs_match_logits(model: MoETransformer) -> None:
-    ids = torch.randint(0, CFG.vocab_size, (2, 9))
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 9))
     lp = model.logprobs(ids)
     assert lp.shape == (2, 8)
     expect = torch.log_softmax(model(ids).logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
@@ -107,9 +110,9 @@ def test_logprobs_match_logits(model: MoETransformer) -> None:
 def test_bf16_runs_and_is_close_to_fp32(model: MoETransformer) -> None:
     from dataclasses import replace
 
-    bf16 = MoETransformer(replace(CFG, precision="bf16")).eval()
+    bf16 = MoETransformer(replace(model.cfg, precision="bf16")).eval()
     bf16.load_state_dict(model.state_dict())
-    ids = torch.randint(0, CFG.vocab_size, (2, 16))
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 16))
     a, b = model(ids).logits, bf16(ids).logits
     assert b.dtype == torch.float32
     assert float((a - b).abs().max()) < 0.1  # bf16 has ~3 significant digits
