@@ -224,6 +224,9 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--prompt-profile", metavar="NAME",
                    help="prompt profile stored with the checkpoint and used for its training transcripts: "
                    "compact or default (default: compact for tiny and small, default for 1b)")
+    t.add_argument("--copy-head", action="store_true",
+                   help="a pointer-sentinel copy head (agent/model/copy_head.py): copying from the context is "
+                   "one attention lookup; RL configs then set model.copy_head: true")
 
     def run(args: argparse.Namespace) -> int:
         from agent.model.train import run_cli

@@ -308,7 +308,8 @@ def run_cli(args: argparse.Namespace) -> int:
         preset=args.preset, steps=args.steps, precision=args.precision, out=args.out, seq_len=args.seq_len,
         batch=args.batch, seed=args.seed, lr=args.lr, tokenizer_dir=args.tokenizer,
         corpus_bytes=int(args.corpus_mb * (1 << 20)), log_every=args.log_every, eval_every=args.eval_every,
-        device=args.device, model_overrides={"mxfp8_scope": args.mxfp8_scope},
+        device=args.device,
+        model_overrides={"mxfp8_scope": args.mxfp8_scope, "copy_head": bool(getattr(args, "copy_head", False))},
         prompt_profile=getattr(args, "prompt_profile", None),
     )
     try:

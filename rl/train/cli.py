@@ -100,6 +100,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         tasks = [t for t in load_tasks(args.tasks) if t.split is Split.TRAIN]
         profile = load_profile(args.init)
         model, tok = load_checkpoint(args.init)
+        if run_cfg is not None and run_cfg.model.copy_head and not model.cfg.copy_head:
+            print(f"adding a copy head to {args.init} (model.copy_head: true)", file=sys.stderr)
+            model = model.with_copy_head()
         sandbox = make_sandbox()
     except (ConfigError, TaskFileError, CheckpointError, SandboxUnavailable, OSError, ValueError) as exc:
         return _fail("sft", str(exc))

@@ -183,3 +183,40 @@ def test_smoke_dagger_round_relabels_the_models_own_calls(ray_session, sft_check
     assert any(p.get("round") == 1 for p in curve)
     assert not (tmp_path / "dagger.dagger").exists()  # the rounds' checkpoints and workspaces are removed
     load_checkpoint(out)  # the result is a loadable checkpoint
+
+
+def test_smoke_copy_head_policy_through_sft_and_grpo(ray_session, sft_checkpoint: tuple[Path, Path],
+                                                     tmp_path: Path) -> None:
+    """``model.copy_head: true``: ``flywheel rl sft`` adds the head to a checkpoint without one, and the
+    GRPO driver samples from it on Ray (the engine's cache holds the head's keys) and trains it; a run
+    whose config leaves the head out is refused, naming the field."""
+    from rl.train.checkpoints import CheckpointError
+
+    tasks, _ = sft_checkpoint
+    root = tmp_path
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    init = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=2048))
+    save_checkpoint(root / "init", init, tok, step=0, profile=COMPACT_PROFILE)
+    (root / "sft.json").write_text(json.dumps({"model": {"preset": "tiny", "copy_head": True},
+                                               "sft": {"lr": 3e-3, "batch": 3, "max_steps": 4, "eval_every": 2,
+                                                       "patience": 2, "heldout_fraction": 0.25}}))
+    rc = _cmd_sft(argparse.Namespace(tasks=tasks, init=root / "init", out=root / "sft", config=root / "sft.json",
+                                     seed=0))
+    assert rc == 0
+    sft, _ = load_checkpoint(root / "sft")
+    assert sft.cfg.copy_head and any(k.startswith("copy.") for k in sft.state_dict())
+    run = {"name": "smoke-copy", "seed": 0, "out_dir": str(root / "run"), "tasks": str(tasks), "iterations": 1,
+           "tasks_per_iteration": 2, "lr": 3e-3, "model": {"preset": "tiny", "init": str(root / "sft"),
+                                                           "copy_head": True},
+           "grpo": {"group_size": 4, "norm_tokens": 64, "micro_batch": 4},
+           "limits": {"max_model_calls": 2, "max_output_tokens": 128, "max_wall_s": 60},
+           "rollout": {"workers": 1, "max_tokens_per_call": 64}}
+    seen: list[Rollout] = []
+    res = train(validate_run_config(run), log=MemoryRolloutLog(), on_rollout=seen.append)
+    assert len(seen) == 8 and res.iterations_done == 1
+    assert sum(r.status is not RolloutStatus.INFRA_ERROR for r in seen) >= 6, [(r.status, r.detail) for r in seen]
+    assert all(s.logprobs and all(lp <= 0 for lp in s.logprobs) for r in seen for s in r.segments if s.sampled)
+    with pytest.raises(CheckpointError, match="copy_head: run False, checkpoint True"):
+        train(validate_run_config(run | {"name": "no-head", "out_dir": str(root / "run2"),
+                                         "model": {"preset": "tiny", "init": str(root / "sft")}}))
