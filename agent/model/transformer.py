@@ -82,6 +82,11 @@ class ModelOutput:
     routes: torch.Tensor | None = None  # [B, T, n_moe_layers, top_k] expert ids (long), with return_routes=True
 
 
+def _successors(ids: torch.Tensor) -> torch.Tensor:
+    """``[B, N]``: the token after each position (0 at the last, which no query may point at)."""
+    return torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+
+
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin ``[max_seq_len, head_dim/2]``, computed in float64 then stored as fp32."""
     half = cfg.head_dim // 2
@@ -254,17 +259,15 @@ class MoETransformer(nn.Module):
         keys = self.copy.keys(h)
         if cache is None:
             b, t = input_ids.shape
-            successors = torch.cat([input_ids[:, 1:], torch.zeros_like(input_ids[:, :1])], dim=1)
             allowed = torch.ones(t, t, dtype=torch.bool, device=h.device).tril(-1)[None].expand(b, t, t)
-            return self.copy(h, logits, keys, successors, allowed)
+            return self.copy(h, logits, keys, _successors(input_ids), allowed)
         assert slots is not None and pos is not None and cache.copy_keys is not None and cache.ids is not None
         cache.copy_keys[slots[:, None], pos] = keys
         cache.ids[slots[:, None], pos] = input_ids.to(cache.ids.device)
         n = int(pos[:, -1].max()) + 1
         all_keys, ids = cache.copy_keys[slots, :n], cache.ids[slots, :n]
-        successors = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
         allowed = torch.arange(n, device=h.device)[None, None, :] < pos[:, :, None]
-        return self.copy(h, logits, all_keys, successors, allowed)
+        return self.copy(h, logits, all_keys, _successors(ids), allowed)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -151,7 +151,7 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
             epoch=state.epoch)
         t0 = time.perf_counter()
         rollouts = source.collect(tasks, iteration=state.iteration, group_size=cfg.grpo.group_size)
-        train_on, draws = rollouts, 1
+        train_on, draws, varied = rollouts, 1, []
         if cfg.grpo.dynamic_sampling == "success":
             while len(success_varied_groups(rollouts)) < cfg.tasks_per_iteration and draws < cfg.grpo.max_draws:
                 more, state.task_order, state.task_pos, state.epoch = next_tasks(
@@ -161,7 +161,8 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
                                                      seed_offset=draws * 1_000)
                 tasks += more
                 draws += 1
-            kept = set(success_varied_groups(rollouts)[: cfg.tasks_per_iteration])
+            varied = success_varied_groups(rollouts)
+            kept = set(varied[: cfg.tasks_per_iteration])
             train_on = [r for r in rollouts if r.task_id in kept]
         t1 = time.perf_counter()
         stale = [r for r in rollouts if r.weights_version != state.weights_version]
@@ -171,7 +172,7 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
                                "the source did not apply publish()")
         train_m = trainer.step(train_on)
         if cfg.grpo.dynamic_sampling != "off":
-            train_m |= {"draws": float(draws), "groups_success_varied": float(len(success_varied_groups(rollouts)))}
+            train_m |= {"draws": float(draws), "groups_success_varied": float(len(varied))}
         t2 = time.perf_counter()
         state.iteration += 1
         done_now += 1
