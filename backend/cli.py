@@ -227,6 +227,10 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--copy-head", action="store_true",
                    help="a pointer-sentinel copy head (agent/model/copy_head.py): copying from the context is "
                    "one attention lookup; RL configs then set model.copy_head: true")
+    t.add_argument("--copy-min-distance", type=int, default=1, metavar="D",
+                   help="with --copy-head: the pointer may copy only from positions at least D tokens back "
+                   "(default 1; a larger D stops it looping on its own last copies; RL configs then set "
+                   "model.copy_min_distance: D)")
 
     def run(args: argparse.Namespace) -> int:
         from agent.model.train import run_cli

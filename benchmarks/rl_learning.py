@@ -100,7 +100,7 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         save_checkpoint(root / "init", model, tok, step=0, profile=COMPACT_PROFILE)
     init = root / "init"
     if args.copy_head:
-        init = add_copy_head(init, root / "init_copyhead", sft_seed)
+        init = add_copy_head(init, root / "init_copyhead", sft_seed, args.copy_min_distance)
     if args.copy_drill_steps:
         # copy drills between pretraining and SFT (agent.model.copy_drills; benchmarks/copy_probe.py):
         # the pretrained mini model learns to copy a path from its context only from these
@@ -130,7 +130,7 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]})
 
 
-def add_copy_head(init: Path, dest: Path, seed: int) -> Path:
+def add_copy_head(init: Path, dest: Path, seed: int, min_distance: int = 1) -> Path:
     """``--copy-head``: ``init`` (pretrained without one, or a random init) with a fresh copy head
     (``agent.model.copy_head``) saved to ``dest``, which SFT starts from. Departure from training the
     head from the first pretraining step: the head is added after pretraining, so one pretrained init
@@ -138,6 +138,7 @@ def add_copy_head(init: Path, dest: Path, seed: int) -> Path:
     import torch
 
     from agent.model.checkpoint import load_checkpoint, load_profile, save_checkpoint
+    from agent.model.copy_head import twin_ids
 
     if (dest / "model.safetensors").exists():
         return dest
@@ -145,7 +146,7 @@ def add_copy_head(init: Path, dest: Path, seed: int) -> Path:
     if model.cfg.copy_head:
         return init
     torch.manual_seed(seed)
-    save_checkpoint(dest, model.with_copy_head(), tok, step=0, profile=load_profile(init))
+    save_checkpoint(dest, model.with_copy_head(twin_ids(tok), min_distance), tok, step=0, profile=load_profile(init))
     return dest
 
 
@@ -239,6 +240,7 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
 
 
 def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: Path, name: str) -> dict[str, Any]:
+    from agent.model.checkpoint import load_config
     from rl.config import validate_run_config
     from rl.rollout.driver import train
     from rl.rollout.log import MemoryRolloutLog
@@ -248,7 +250,8 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "name": f"{name}-seed{seed}", "seed": seed, "out_dir": str(root / f"run{seed}"),
         "tasks": str(start["tasks_file"]), "iterations": args.iterations,
         "tasks_per_iteration": args.tasks_per_iteration, "lr": args.lr,
-        "model": {"preset": args.preset, "init": str(start["sft"]), "copy_head": args.copy_head},
+        "model": {"preset": args.preset, "init": str(start["sft"]), "copy_head": args.copy_head,
+                  "copy_min_distance": load_config(start["sft"]).copy_min_distance},
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws},
         "limits": {"max_model_calls": args.max_model_calls,
@@ -353,6 +356,9 @@ def main() -> None:
     ap.add_argument("--copy-head", action="store_true",
                     help="give the policy a copy head (agent.model.copy_head) before SFT: copying a path or a line "
                          "from the context becomes one attention lookup")
+    ap.add_argument("--copy-min-distance", type=int, default=8,
+                    help="with --copy-head: the pointer's minimum distance (ModelConfig.copy_min_distance; "
+                         "1 lets it copy its own last copy, which loops)")
     ap.add_argument("--sft-per-seed", action="store_true", help="a fresh SFT per seed (default: one, shared)")
     ap.add_argument("--pretrain-steps", type=int, help="pretrain on code this many steps before SFT (0: random init)")
     ap.add_argument("--copy-drill-steps", type=int, default=0,
@@ -446,6 +452,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "dagger_tasks": args.dagger_tasks,
                                                                  "dagger_steps": args.dagger_steps,
                                                                  "copy_head": args.copy_head,
+                                                                 "copy_min_distance": args.copy_min_distance,
                                                                  "dynamic_sampling": args.dynamic_sampling,
                                                                  "max_draws": args.max_draws},
               "seeds_done": [s["seed"] for s in seeds], "seeds_planned": args.seeds,

@@ -41,6 +41,7 @@ class ModelSection(_Section):
     precision: Literal["fp32", "bf16", "mxfp8"] = "fp32"  # trainer numerics (ModelConfig.precision)
     prompt_profile: str | None = None  # None: the init checkpoint's profile, else the preset's default
     copy_head: bool = False  # the preset with agent.model.copy_head (the init checkpoint must have it too)
+    copy_min_distance: int = Field(1, ge=1)  # ModelConfig.copy_min_distance (the checkpoint's must match)
 
 
 class GRPOConfig(_Section):

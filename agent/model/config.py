@@ -35,6 +35,9 @@ class ModelConfig:
     # distribution over the tokens that FOLLOWED earlier positions of the context: copying a path or a
     # line the model has seen is one attention lookup instead of an induction circuit to grow
     copy_head: bool = False
+    # the copy head's pointer may point only at positions at least this far back (1: any earlier
+    # one); a larger distance stops the pointer from copying its own last copies in a loop
+    copy_min_distance: int = 1
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -45,6 +48,8 @@ class ModelConfig:
             raise ValueError("top_k must be in 1..n_experts")
         if self.precision not in ("fp32", "bf16", "mxfp8"):
             raise ValueError(f"unknown precision {self.precision!r}")
+        if self.copy_min_distance < 1:
+            raise ValueError("copy_min_distance must be >= 1")
         if self.mxfp8_scope not in ("all", "experts"):
             raise ValueError(f"unknown mxfp8_scope {self.mxfp8_scope!r}: choose all or experts")
 

@@ -16,6 +16,27 @@ one bilinear attention at the top of the network:
   ``g = a_sentinel`` is the share left to the LM head;
 * ``p(w) = g · softmax(lm_logits)_w + Σ_{j < t, x_{j+1} = w} a_j``.
 
+Three refinements, all from the eighth run's free-running failures (docs/rl/README.md):
+
+* **Twin successors.** Byte-level BPE merges a name with the character before it: `` nebula`` in a
+  request and ``nebula`` after ``<param name="path">`` are different ids, so a pointer that can only
+  emit the token that followed could not write the first piece of a name in a new context. Every
+  position therefore offers its successor twice: as it was, and as its *twin*, the same text
+  without its leading space/punctuation character (``twin [V]``, a buffer computed from the
+  tokenizer by :func:`twin_ids`; a token without one is its own twin and that entry is masked).
+  The twin entry has its own key map (``W_k'``), so the model learns when a context calls for the
+  stripped form.
+* **A same-token bonus.** Having written ``nebula`` (bare), the next lookup must find the position
+  of `` nebula`` (spaced) in the request to copy what followed it; the hidden states of two
+  different ids need not match. Every score gets ``β · [twin(x_t) = twin(x_j)]`` (``match_bias``,
+  one learned ``β`` for successor entries, one for twin entries; 0 at init), the induction step as
+  one scalar instead of a map from every bare id to its spaced form.
+* **A minimum pointer distance** (``cfg.copy_min_distance``, in the transformer): a query at ``t``
+  may point only at ``j <= t - d``. With ``d = 1`` a copied token's own position answers the next
+  query and the pointer loops (``PRAIERIIIIII``); a larger ``d`` makes every loop shorter than ``d``
+  impossible for the pointer, at the price of copying from the last ``d - 1`` tokens (the LM head
+  still can).
+
 Position 0 has only the sentinel (``g = 1``): the LM head alone. The head returns
 ``log p`` — a normalised log-distribution, so every consumer that takes ``log_softmax`` of the
 model's logits (SFT's cross-entropy, GRPO's logprobs, the engine's sampler) gets the mixture
@@ -34,52 +55,96 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["CopyHead"]
+from agent.model.tokenizer import TOOL_TOKENS, Tokenizer
+
+__all__ = ["CopyHead", "twin_ids"]
 
 _TINY = 1e-30  # log(0) guard: a token nothing points at gets -69 from the copy side, never -inf
 
 
+def twin_ids(tokenizer: Tokenizer) -> torch.Tensor:
+    """``[V]`` long: for each id, the id of its text without the first character when that character
+    is a space or punctuation and the rest is one token of the vocabulary (`` nebula`` -> ``nebula``,
+    ``/umber`` -> ``umber``); else the id itself. Special and tool tokens are their own twins."""
+    n = tokenizer.vocab_size
+    twin = torch.arange(n)
+    reserved = set(tokenizer.special_ids.values()) | {tokenizer.token_id(t) for t in TOOL_TOKENS}
+    for i in range(n):
+        if i in reserved:
+            continue
+        text = tokenizer.decode([i])
+        if len(text) < 2 or text[0].isalnum() or text[0] in "\n\r\ufffd" or not text[1].isalnum():
+            continue
+        ids = tokenizer.encode(text[1:])
+        if len(ids) == 1:
+            twin[i] = ids[0]
+    return twin
+
+
 class CopyHead(nn.Module):
-    def __init__(self, d_model: int, max_seq_len: int) -> None:
+    def __init__(self, d_model: int, max_seq_len: int, vocab_size: int) -> None:
         super().__init__()
         self.dim, self.max_seq_len = d_model, max_seq_len
         self.wq = nn.Linear(d_model, d_model, bias=False)
         self.wk = nn.Linear(d_model, d_model, bias=False)
+        self.wk_twin = nn.Linear(d_model, d_model, bias=False)
         self.sentinel = nn.Parameter(torch.zeros(d_model))
         self.sentinel_bias = nn.Parameter(torch.zeros(()))
+        self.match_bias = nn.Parameter(torch.zeros(2))  # successor and twin entries' same-token bonus
+        # saved with the weights (a checkpoint is self-contained); identity until set_twins
+        self.register_buffer("twin", torch.arange(vocab_size))
         self.reset_parameters()
 
+    def set_twins(self, twin: torch.Tensor) -> None:
+        """Install :func:`twin_ids` of the model's tokenizer (``[V]``)."""
+        if twin.shape != self.twin.shape:
+            raise ValueError(f"twin ids must be [{self.twin.shape[0]}], got {list(twin.shape)}")
+        self.twin.copy_(twin)
+
     def reset_parameters(self) -> None:
-        """Small random query/key maps; the sentinel's bias starts at ``log(max_seq_len)``, so at
+        """Small random query/key maps; the sentinel's bias starts at ``log(2·max_seq_len)``, so at
         init the LM head keeps at least half the mass at every position (all scores ~0: the
-        sentinel weighs as much as ``max_seq_len`` earlier positions together) and a checkpoint
+        sentinel weighs as much as the ``2·max_seq_len`` successor and twin entries together) and a checkpoint
         that gains the head starts close to what it was."""
         nn.init.normal_(self.wq.weight, std=0.02)
         nn.init.normal_(self.wk.weight, std=0.02)
+        nn.init.normal_(self.wk_twin.weight, std=0.02)
         nn.init.zeros_(self.sentinel)
+        nn.init.zeros_(self.match_bias)
         with torch.no_grad():
-            self.sentinel_bias.fill_(math.log(self.max_seq_len))
+            self.sentinel_bias.fill_(math.log(2 * self.max_seq_len))
 
     def keys(self, h: torch.Tensor) -> torch.Tensor:
-        """``[B, T, d]`` copy keys of hidden states ``h [B, T, d]`` (what the cache stores)."""
-        return self.wk(h.float())
+        """``[B, T, 2d]`` copy keys of hidden states ``h [B, T, d]`` (what the cache stores): the
+        successor's key, then its twin's."""
+        h = h.float()
+        return torch.cat([self.wk(h), self.wk_twin(h)], dim=-1)
 
-    def forward(self, h: torch.Tensor, lm_logits: torch.Tensor, keys: torch.Tensor, successors: torch.Tensor,
-                allowed: torch.Tensor) -> torch.Tensor:
-        """``log p [B, T, V]`` of the mixture for queries ``h [B, T, d]``.
+    def forward(self, h: torch.Tensor, lm_logits: torch.Tensor, keys: torch.Tensor, key_ids: torch.Tensor,
+                query_ids: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """``log p [B, T, V]`` of the mixture for queries ``h [B, T, d]`` at tokens ``query_ids [B, T]``.
 
-        ``keys [B, N, d]`` and ``successors [B, N]`` (the token after each key position; any id
-        where unknown) are the positions a query may point at; ``allowed [B, T, N]`` says which
-        (``j < t`` in absolute positions)."""
+        ``keys [B, N, 2d]`` (:meth:`keys`) and ``key_ids [B, N]`` (the token at each position; the
+        last one's successor is unknown and it must not be allowed) are the positions a query may
+        point at; ``allowed [B, T, N]`` says which (``j <= t - copy_min_distance`` in absolute
+        positions)."""
         q = self.wq(h.float())
         scale = 1.0 / math.sqrt(self.dim)
-        scores = torch.einsum("btd,bnd->btn", q, keys) * scale
+        k, k_twin = keys.split(self.dim, dim=-1)
+        successors = torch.cat([key_ids[:, 1:], torch.zeros_like(key_ids[:, :1])], dim=1)  # [B, N]
+        twins = self.twin[successors]  # [B, N]
+        # the same token (up to its twin) at the query and the key: the induction step "I just wrote
+        # x; where was x; copy what came after it", one learned bonus per entry kind
+        same = (self.twin[query_ids][:, :, None] == self.twin[key_ids][:, None, :]).float()  # [B, T, N]
+        scores = torch.einsum("btd,bnd->btn", q, k) * scale + self.match_bias[0] * same
         scores = scores.masked_fill(~allowed, float("-inf"))
+        twin_scores = torch.einsum("btd,bnd->btn", q, k_twin) * scale + self.match_bias[1] * same
+        twin_scores = twin_scores.masked_fill(~(allowed & (twins != successors)[:, None, :]), float("-inf"))
         sentinel = ((q @ self.sentinel) * scale + self.sentinel_bias)[..., None]  # [B, T, 1]
-        attn = torch.softmax(torch.cat([scores, sentinel], dim=-1), dim=-1)
+        attn = torch.softmax(torch.cat([scores, twin_scores, sentinel], dim=-1), dim=-1)
         point, gate = attn[..., :-1], attn[..., -1:]
         b, t, n = point.shape
         p_copy = torch.zeros(b, t, lm_logits.shape[-1], dtype=point.dtype, device=point.device)
-        p_copy.scatter_add_(2, successors[:, None, :].expand(b, t, n), point)
+        p_copy.scatter_add_(2, torch.cat([successors, twins], dim=1)[:, None, :].expand(b, t, n), point)
         lm = torch.log_softmax(lm_logits.float(), dim=-1) + gate.clamp_min(_TINY).log()
         return torch.logaddexp(lm, p_copy.clamp_min(_TINY).log())

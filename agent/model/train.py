@@ -232,7 +232,12 @@ def train(tc: TrainConfig, *, corpus: Corpus | None = None, tokenizer: Tokenizer
     cfg = replace(base, vocab_size=tok.vocab_size)
 
     torch.manual_seed(tc.seed)
-    model = MoETransformer(cfg).to(tc.device)  # initialised on the CPU: the same weights on any device
+    model = MoETransformer(cfg)
+    if model.copy is not None:
+        from agent.model.copy_head import twin_ids
+
+        model.copy.set_twins(twin_ids(tok))
+    model = model.to(tc.device)  # initialised on the CPU: the same weights on any device
     model.train()
     opt = make_optimizer(model, tc)
     print(f"model: {tc.preset} {cfg.precision}, {model.num_params() / 1e6:.2f}M params "
@@ -309,7 +314,8 @@ def run_cli(args: argparse.Namespace) -> int:
         batch=args.batch, seed=args.seed, lr=args.lr, tokenizer_dir=args.tokenizer,
         corpus_bytes=int(args.corpus_mb * (1 << 20)), log_every=args.log_every, eval_every=args.eval_every,
         device=args.device,
-        model_overrides={"mxfp8_scope": args.mxfp8_scope, "copy_head": bool(getattr(args, "copy_head", False))},
+        model_overrides={"mxfp8_scope": args.mxfp8_scope, "copy_head": bool(getattr(args, "copy_head", False)),
+                         "copy_min_distance": int(getattr(args, "copy_min_distance", 1))},
         prompt_profile=getattr(args, "prompt_profile", None),
     )
     try:

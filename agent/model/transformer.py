@@ -54,7 +54,7 @@ class KVCache:
         # a later query copies); only for a model with cfg.copy_head
         self.copy_keys = self.ids = None
         if cfg.copy_head:
-            self.copy_keys = torch.zeros(max_slots, max_len, cfg.d_model, dtype=torch.float32, device=device)
+            self.copy_keys = torch.zeros(max_slots, max_len, 2 * cfg.d_model, dtype=torch.float32, device=device)
             self.ids = torch.zeros(max_slots, max_len, dtype=torch.long, device=device)
         self.max_slots, self.max_len = max_slots, max_len
 
@@ -80,11 +80,6 @@ class ModelOutput:
     aux_loss: torch.Tensor  # scalar: aux_loss_coef × mean over layers of E·Σ f_i P_i; 0 when the coefficient is 0
     expert_counts: torch.Tensor  # [n_layers, n_experts] tokens routed (long)
     routes: torch.Tensor | None = None  # [B, T, n_moe_layers, top_k] expert ids (long), with return_routes=True
-
-
-def _successors(ids: torch.Tensor) -> torch.Tensor:
-    """``[B, N]``: the token after each position (0 at the last, which no query may point at)."""
-    return torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
 
 
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,7 +167,7 @@ class MoETransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.copy = CopyHead(cfg.d_model, cfg.max_seq_len) if cfg.copy_head else None
+        self.copy = CopyHead(cfg.d_model, cfg.max_seq_len, cfg.vocab_size) if cfg.copy_head else None
         cos, sin = rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -257,17 +252,18 @@ class MoETransformer(nn.Module):
         rows' keys and ids are stored first, so a query sees every earlier position of its slot."""
         assert self.copy is not None
         keys = self.copy.keys(h)
+        gap = self.cfg.copy_min_distance
         if cache is None:
             b, t = input_ids.shape
-            allowed = torch.ones(t, t, dtype=torch.bool, device=h.device).tril(-1)[None].expand(b, t, t)
-            return self.copy(h, logits, keys, _successors(input_ids), allowed)
+            allowed = torch.ones(t, t, dtype=torch.bool, device=h.device).tril(-gap)[None].expand(b, t, t)
+            return self.copy(h, logits, keys, input_ids, input_ids, allowed)
         assert slots is not None and pos is not None and cache.copy_keys is not None and cache.ids is not None
         cache.copy_keys[slots[:, None], pos] = keys
         cache.ids[slots[:, None], pos] = input_ids.to(cache.ids.device)
         n = int(pos[:, -1].max()) + 1
         all_keys, ids = cache.copy_keys[slots, :n], cache.ids[slots, :n]
-        allowed = torch.arange(n, device=h.device)[None, None, :] < pos[:, :, None]
-        return self.copy(h, logits, all_keys, _successors(ids), allowed)
+        allowed = torch.arange(n, device=h.device)[None, None, :] <= pos[:, :, None] - gap
+        return self.copy(h, logits, all_keys, ids, input_ids, allowed)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -281,17 +277,22 @@ class MoETransformer(nn.Module):
         for block, counts in zip(self.blocks, expert_counts, strict=True):
             block.moe.update_bias(counts)
 
-    def with_copy_head(self) -> MoETransformer:
+    def with_copy_head(self, twin: torch.Tensor | None = None, min_distance: int = 1) -> MoETransformer:
         """A new model with these weights and a fresh copy head (``cfg.copy_head``; its init keeps
-        the LM head's distribution mostly as it was, see :class:`CopyHead`). Raises
-        ``ValueError`` if this model has one already."""
+        the LM head's distribution mostly as it was, see :class:`CopyHead`). ``twin`` is
+        :func:`agent.model.copy_head.twin_ids` of the model's tokenizer (None: no twin entries);
+        ``min_distance`` becomes ``cfg.copy_min_distance``. Raises ``ValueError`` if this model
+        has one already."""
         from dataclasses import replace
 
         if self.copy is not None:
             raise ValueError("this model already has a copy head")
-        model = MoETransformer(replace(self.cfg, copy_head=True))
+        model = MoETransformer(replace(self.cfg, copy_head=True, copy_min_distance=min_distance))
         missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
         assert not unexpected and all(k.startswith("copy.") for k in missing), (missing, unexpected)
+        if twin is not None:
+            assert model.copy is not None
+            model.copy.set_twins(twin)
         return model.train(self.training)
 
     def num_params(self, *, active: bool = False) -> int:

@@ -194,7 +194,8 @@ def _checkpoint_and_profile(cfg: RunConfig) -> tuple[Any, Any, Any]:
                           "or `flywheel model train`): the sampler serves that checkpoint and its prompt profile")
     model, tok = load_checkpoint(init, precision=cfg.model.precision)
     want = ModelConfig.preset(cfg.model.preset, vocab_size=model.cfg.vocab_size, max_seq_len=model.cfg.max_seq_len,
-                              copy_head=cfg.model.copy_head)
+                              copy_head=cfg.model.copy_head,
+                              copy_min_distance=cfg.model.copy_min_distance)
     check_architecture(want, model.cfg, where=str(init))
     profile = load_profile(init)
     if cfg.model.prompt_profile is not None and cfg.model.prompt_profile != profile.name:

@@ -102,7 +102,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         model, tok = load_checkpoint(args.init)
         if run_cfg is not None and run_cfg.model.copy_head and not model.cfg.copy_head:
             print(f"adding a copy head to {args.init} (model.copy_head: true)", file=sys.stderr)
-            model = model.with_copy_head()
+            from agent.model.copy_head import twin_ids
+
+            model = model.with_copy_head(twin_ids(tok), min_distance=run_cfg.model.copy_min_distance)
         sandbox = make_sandbox()
     except (ConfigError, TaskFileError, CheckpointError, SandboxUnavailable, OSError, ValueError) as exc:
         return _fail("sft", str(exc))
