@@ -19,7 +19,7 @@ one bilinear attention at the top of the network:
 Three refinements, all from the eighth run's free-running failures (docs/rl/README.md):
 
 * **Twin successors.** Byte-level BPE merges a name with the character before it: `` nebula`` in a
-  request and ``nebula`` after ``<param name="path">`` are different ids, so a pointer that can only
+  request and ``nebula`` after ``<param name="path">`` start with different ids (`` ne``, ``ne``), so a pointer that can only
   emit the token that followed could not write the first piece of a name in a new context. Every
   position therefore offers its successor twice: as it was, and as its *twin*, the same text
   without its leading space/punctuation character (``twin [V]``, a buffer computed from the
@@ -64,8 +64,8 @@ _TINY = 1e-30  # log(0) guard: a token nothing points at gets -69 from the copy 
 
 def twin_ids(tokenizer: Tokenizer) -> torch.Tensor:
     """``[V]`` long: for each id, the id of its text without the first character when that character
-    is a space or punctuation and the rest is one token of the vocabulary (`` nebula`` -> ``nebula``,
-    ``/umber`` -> ``umber``); else the id itself. Special and tool tokens are their own twins."""
+    is a space or punctuation and the rest is one token of the vocabulary (`` self`` -> ``self``,
+    ``_name`` -> ``name``); else the id itself. Special and tool tokens are their own twins."""
     n = tokenizer.vocab_size
     twin = torch.arange(n)
     reserved = set(tokenizer.special_ids.values()) | {tokenizer.token_id(t) for t in TOOL_TOKENS}

@@ -24,6 +24,7 @@ import torch
 
 from agent.model.checkpoint import load_checkpoint, save_checkpoint
 from agent.model.config import ModelConfig
+from agent.model.copy_head import twin_ids
 from agent.model.transformer import MoETransformer
 from agent.prompt import COMPACT_PROFILE
 from rl.config import validate_run_config
@@ -198,7 +199,7 @@ def test_smoke_copy_head_policy_through_sft_and_grpo(ray_session, sft_checkpoint
     torch.manual_seed(0)
     init = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=2048))
     save_checkpoint(root / "init", init, tok, step=0, profile=COMPACT_PROFILE)
-    (root / "sft.json").write_text(json.dumps({"model": {"preset": "tiny", "copy_head": True},
+    (root / "sft.json").write_text(json.dumps({"model": {"preset": "tiny", "copy_head": True, "copy_min_distance": 4},
                                                "sft": {"lr": 3e-3, "batch": 3, "max_steps": 4, "eval_every": 2,
                                                        "patience": 2, "heldout_fraction": 0.25}}))
     rc = _cmd_sft(argparse.Namespace(tasks=tasks, init=root / "init", out=root / "sft", config=root / "sft.json",
@@ -206,9 +207,11 @@ def test_smoke_copy_head_policy_through_sft_and_grpo(ray_session, sft_checkpoint
     assert rc == 0
     sft, _ = load_checkpoint(root / "sft")
     assert sft.cfg.copy_head and any(k.startswith("copy.") for k in sft.state_dict())
+    assert sft.cfg.copy_min_distance == 4
+    assert sft.copy is not None and torch.equal(sft.copy.twin, twin_ids(tok))  # the tokenizer's twins, saved
     run = {"name": "smoke-copy", "seed": 0, "out_dir": str(root / "run"), "tasks": str(tasks), "iterations": 1,
            "tasks_per_iteration": 2, "lr": 3e-3, "model": {"preset": "tiny", "init": str(root / "sft"),
-                                                           "copy_head": True},
+                                                           "copy_head": True, "copy_min_distance": 4},
            "grpo": {"group_size": 4, "norm_tokens": 64, "micro_batch": 4},
            "limits": {"max_model_calls": 2, "max_output_tokens": 128, "max_wall_s": 60},
            "rollout": {"workers": 1, "max_tokens_per_call": 64}}
@@ -220,3 +223,6 @@ def test_smoke_copy_head_policy_through_sft_and_grpo(ray_session, sft_checkpoint
     with pytest.raises(CheckpointError, match="copy_head: run False, checkpoint True"):
         train(validate_run_config(run | {"name": "no-head", "out_dir": str(root / "run2"),
                                          "model": {"preset": "tiny", "init": str(root / "sft")}}))
+    with pytest.raises(CheckpointError, match="copy_min_distance: run 1, checkpoint 4"):
+        train(validate_run_config(run | {"name": "near", "out_dir": str(root / "run3"),
+                                         "model": {"preset": "tiny", "init": str(root / "sft"), "copy_head": True}}))

@@ -52,3 +52,17 @@ def test_lr_schedule() -> None:
     tc = TrainConfig(steps=100, lr=1.0, warmup=10, min_lr_frac=0.1)
     assert lr_at(0, tc) == 0.1 and lr_at(9, tc) == 1.0
     assert lr_at(99, tc) < 0.11 and all(lr_at(s, tc) >= lr_at(s + 1, tc) for s in range(10, 99))
+
+
+def test_a_copy_head_run_saves_the_tokenizers_twins_and_the_pointer_distance(small_corpus: Corpus, tokenizer: Tokenizer,
+                                                                             tmp_path: Path) -> None:
+    """``flywheel model train --copy-head --copy-min-distance 3``: the checkpoint carries both."""
+    from agent.model.copy_head import twin_ids
+
+    tc = TrainConfig(steps=2, seq_len=32, batch=2, seed=0, out=tmp_path,
+                     model_overrides={"copy_head": True, "copy_min_distance": 3})
+    train(tc, corpus=small_corpus, tokenizer=tokenizer, log=io.StringIO())
+    model, tok = load_checkpoint(tmp_path)
+    assert model.cfg.copy_head and model.cfg.copy_min_distance == 3
+    assert model.copy is not None and torch.equal(model.copy.twin, twin_ids(tok))
+    assert int((model.copy.twin != torch.arange(tok.vocab_size)).sum()) > 0
