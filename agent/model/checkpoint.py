@@ -110,5 +110,12 @@ def load_checkpoint(directory: str | Path, device: torch.device | str = "cpu", *
         cfg = replace(cfg, precision=precision)
     model = MoETransformer(cfg)
     state = load_file(str(d / WEIGHTS), device="cpu")
+    expected = model.state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        hint = (" (a copy head saved before its twin entries, same-token bonus and pointer distance were added: "
+                "retrain or re-run SFT with this version)" if any(k.startswith("copy.") for k in missing) else "")
+        raise CheckpointError(f"checkpoint {d}: its weights do not match its config.json's architecture; missing "
+                              f"{', '.join(missing) or 'none'}; unexpected {', '.join(unexpected) or 'none'}{hint}")
     model.load_state_dict(state, strict=True)
     return model.to(device).eval(), Tokenizer.load(d)

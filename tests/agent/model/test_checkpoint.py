@@ -72,3 +72,17 @@ def test_an_unregistered_profile_cannot_be_saved(tokenizer: Tokenizer, tmp_path:
     with pytest.raises(CheckpointError, match="register it"):
         save_checkpoint(tmp_path, _tiny(tokenizer), tokenizer, step=1,
                         profile=PromptProfile(name="compact", system="edited"))
+
+
+def test_weights_that_miss_part_of_the_architecture_are_a_clear_error(tokenizer: Tokenizer, tmp_path: Path) -> None:
+    """A copy-head checkpoint from before the head gained its twin key map: named, not a torch traceback."""
+    from safetensors.torch import load_file, save_file
+
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, copy_head=True))
+    save_checkpoint(tmp_path, model, tokenizer, step=0, profile=COMPACT_PROFILE)
+    weights = next(tmp_path.glob("*.safetensors"))
+    state = load_file(str(weights))
+    del state["copy.wk_twin.weight"]
+    save_file(state, str(weights))
+    with pytest.raises(CheckpointError, match=r"missing copy\.wk_twin\.weight; unexpected none \(a copy head"):
+        load_checkpoint(tmp_path)
