@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from agent.model.checkpoint import load_config, load_profile
-from agent.model.tokenizer import Tokenizer
+from agent.model.tokenizer import SPECIAL_TOKENS, Tokenizer
 from agent.prompt import COMPACT_PROFILE, Message, render_prompt
 from backend.cli import main as cli_main
 from backend.policy_server import create_app_from_checkpoint
@@ -51,7 +51,9 @@ def test_run_with_the_local_policy_completes_a_turn(trained: Path, tmp_path: Pat
     assert "error" not in kinds, (err, [e for e in events if e["type"] == "error"])
     [message] = [e for e in events if e["type"] == "assistant_message"]
     assert message["token_ids"] and len(message["token_ids"]) == len(message["logprobs"])
-    assert "<|" not in message["text"]  # no role marker in generated content
+    # no role marker in the generated text (an untrained model may well sample an ordinary BPE piece
+    # such as "<|temp", learned from the code corpus: that is not a marker)
+    assert not any(marker in message["text"] for marker in SPECIAL_TOKENS), message["text"]
     [end] = [e for e in events if e["type"] == "turn_end"]
     # an untrained model may stop, hit its (clamped) token limit, or call a tool: all are a finished turn
     assert end["reason"] in ("completed", "max_tokens", "max_steps"), end
