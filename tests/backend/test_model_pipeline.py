@@ -54,6 +54,9 @@ def test_run_with_the_local_policy_completes_a_turn(trained: Path, tmp_path: Pat
     # no role marker in the generated text (an untrained model may well sample an ordinary BPE piece
     # such as "<|temp", learned from the code corpus: that is not a marker)
     assert not any(marker in message["text"] for marker in SPECIAL_TOKENS), message["text"]
+    # and any special id the model samples ends the message: it can only be the last id (agent.model.engine)
+    special = set(Tokenizer.load(trained).special_ids.values())
+    assert not special & set(message["token_ids"][:-1]), message["token_ids"]
     [end] = [e for e in events if e["type"] == "turn_end"]
     # an untrained model may stop, hit its (clamped) token limit, or call a tool: all are a finished turn
     assert end["reason"] in ("completed", "max_tokens", "max_steps"), end
