@@ -226,7 +226,7 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
                     "dagger_tasks": args.dagger_tasks, "dagger_heldout_tasks": 64,
                     "dagger_max_steps": args.dagger_steps},
             "limits": {"max_model_calls": args.max_model_calls,
-                       "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": 120},
+                       "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
             "rollout": {"max_tokens_per_call": args.max_tokens}}))
         rc = _cmd_sft(argparse.Namespace(tasks=start["tasks_file"], init=start["sft"], out=out,
                                          config=root / "dagger.json", seed=sft_seed))
@@ -255,7 +255,7 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef},
         "limits": {"max_model_calls": args.max_model_calls,
-                   "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": 120},
+                   "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
         "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens},
         "eval": {"every": args.eval_every, "k": args.k, "temperature": 1.0},
     })
@@ -349,6 +349,12 @@ def main() -> None:
     ap.add_argument("--group", type=int, help="GRPO group size G (rollouts per task)")
     ap.add_argument("--lr", type=float, help="GRPO learning rate")
     ap.add_argument("--minibatches", type=int, help="GRPO optimizer steps per iteration")
+    ap.add_argument("--max-model-calls", type=int, help="limits.max_model_calls per rollout (default 6)")
+    ap.add_argument("--max-tokens", type=int, help="rollout.max_tokens_per_call (default 192)")
+    ap.add_argument("--max-wall-s", type=float,
+                    help="limits.max_wall_s per rollout (default 900: high enough that the model-call limit, "
+                         "the policy's, binds; a training draw runs 64 rollouts on one shared CPU engine, and "
+                         "at the old 120 s most were cut by the clock, i.e. by machine load)")
     ap.add_argument("--dynamic-sampling", choices=["off", "success"], default="off",
                     help="grpo.dynamic_sampling (DAPO): train only on groups whose success varies, drawing more "
                          "tasks (at most --max-draws draws) until --tasks-per-iteration such groups")
@@ -391,10 +397,10 @@ def main() -> None:
     full = {"seeds": [0, 1, 2], "preset": "mini", "vocab": 2048, "n_train": 600, "n_heldout": 32,
             "iterations": 30, "eval_every": 10, "tasks_per_iteration": 4, "group": 8, "k": 4, "sft_steps": 1500,
             "pretrain_steps": 1500, "sft_renamings": 8,
-            "sft_lr": 2e-3, "max_model_calls": 6, "max_tokens": 192, "lr": 5e-4, "minibatches": 4}
+            "sft_lr": 2e-3, "max_model_calls": 6, "max_tokens": 192, "max_wall_s": 900.0, "lr": 5e-4, "minibatches": 4}
     quick = full | {"seeds": [0], "preset": "tiny", "n_train": 32, "n_heldout": 8, "iterations": 4, "eval_every": 2,
                     "tasks_per_iteration": 2, "group": 4, "k": 2, "sft_steps": 60, "sft_renamings": 1, "sft_lr": 3e-3, "pretrain_steps": 0,
-                    "max_model_calls": 4, "max_tokens": 96, "lr": 1e-3, "minibatches": 1}
+                    "max_model_calls": 4, "max_tokens": 96, "max_wall_s": 120.0, "lr": 1e-3, "minibatches": 1}
     sizing = quick if args.quick else full
     for k, v in sizing.items():
         if getattr(args, k, None) is None:

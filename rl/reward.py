@@ -62,7 +62,7 @@ from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted
 from rl.types import GradeResult
 
 __all__ = ["EFFORT_CAP", "EFFORT_PER_CALL", "IDLE", "LIMIT", "MALFORMED_CAP", "MALFORMED_EACH", "MALFORMED_FIRST",
-           "UngradedError", "reward", "reward_from_counts"]
+           "LIMIT_REASONS", "UngradedError", "reward", "reward_from_counts"]
 
 MALFORMED_FIRST = 0.15
 MALFORMED_EACH = 0.05

@@ -262,7 +262,8 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
 
 
 HELDOUT_KEYS = ("success_rate", "tokens_per_solved", "parallel_call_share", "blind_edit_rate", "malformed_call_rate",
-                "tool_calls_per_model_call", "rollout_model_calls", "rollout_sampled_tokens", "status_infra_error")
+                "tool_calls_per_model_call", "rollout_model_calls", "rollout_sampled_tokens", "status_infra_error",
+                "rollout_limit_max_steps", "rollout_limit_timeout")
 
 
 def heldout_metrics(source: RaySource, task_ids: Sequence[str], *, iteration: int, k: int, temperature: float,

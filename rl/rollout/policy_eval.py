@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rl.reward import LIMIT_REASONS
 from rl.types import Rollout, RolloutStatus
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = ["run_policy_rollouts"]
 
-_LIMIT_REASONS = {"max_steps", "max_tokens", "timeout"}
 
 
 async def run_policy_rollouts(tasks: Sequence[Task], k: int, openai: Any, *, limits: Any, store_root: Path,
@@ -83,7 +83,7 @@ async def _one(env: Any, base: Any, sample: int, openai: Any, limits: Any, sandb
         errors = sink.of_type(ErrorEvent)
         if outcome.reason == "completed":
             rollout.status = RolloutStatus.FINISHED
-        elif outcome.reason in _LIMIT_REASONS:
+        elif outcome.reason in LIMIT_REASONS:
             rollout.status = RolloutStatus.LIMIT
         elif errors and all(e.source == "policy" for e in errors):
             rollout.status = RolloutStatus.POLICY_ERROR

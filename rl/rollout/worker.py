@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rl.reward import LIMIT_REASONS
 from rl.types import Rollout, RolloutStatus, Segment
 
 if TYPE_CHECKING:
@@ -88,9 +89,6 @@ class WorkerConfig:
     return_routes: bool = True
     sandbox_extra_ro: tuple[str, ...] = ()
     sandboxed: bool = True  # False: no run_command tool (tests of tasks that need no commands)
-
-
-_LIMIT_REASONS = {"max_steps", "max_tokens", "timeout"}
 
 
 @dataclass(slots=True)
@@ -169,14 +167,16 @@ class RolloutRunner:
             temperature=self.config.temperature if job.temperature is None else job.temperature, seed=job.seed, return_routes=self.config.return_routes,
         )
         sink = ListSink()
+        ended = ""  # the turn's end reason (empty when the session itself raised)
         try:
             session = build_session(SessionParts(fork, self.sandbox), policy=policy,
                                     limits=self.config.limits or Limits(), sink=sink, session_id=session_id)
             outcome = await session.run_turn(job.task.request)
+            ended = outcome.reason
             errors = sink.of_type(ErrorEvent)
             if outcome.reason == "completed":
                 rollout.status = RolloutStatus.FINISHED
-            elif outcome.reason in _LIMIT_REASONS:
+            elif outcome.reason in LIMIT_REASONS:
                 rollout.status = RolloutStatus.LIMIT
             elif errors and all(e.source == "policy" for e in errors) and not _infra(errors):
                 rollout.status = RolloutStatus.POLICY_ERROR
@@ -211,6 +211,10 @@ class RolloutRunner:
             "generation_s": timed.seconds,
             "tools_s": sum(r.duration_ms or 0.0 for r in sink.of_type(ToolResultEvent)) / 1000,
             "marker_fixups": float(policy.marker_fixups),
+            # which limit ended it (0/1 each; averaged: the share of rollouts cut by that limit). A
+            # `timeout` share that grows with the batch says the clock, i.e. machine load, is cutting
+            # rollouts rather than the policy's own call/token budget
+            **{f"limit_{reason}": float(ended == reason) for reason in sorted(LIMIT_REASONS)},
         }
         if graded is not None:
             rollout.grade = graded[0]

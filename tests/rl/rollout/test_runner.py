@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,8 @@ async def test_a_finished_rollout_has_its_events_segments_and_metrics(tmp_path, 
     assert sum(rollout.loss_mask) == sum(len(c.token_ids) for c in completer.completions)
     assert rollout.metrics["model_calls"] == 3 and rollout.metrics["tool_calls"] == 3
     assert rollout.metrics["parallel_steps"] == 1
+    assert {k: v for k, v in rollout.metrics.items() if k.startswith("limit_")} == {
+        "limit_max_steps": 0.0, "limit_max_tokens": 0.0, "limit_timeout": 0.0}
     assert {e["session_id"] for e in rollout.events} == {rollout.session_id}
     assert (Path(task.source_dir) / "app.py").read_text().endswith("a - b\n")  # the rollout worked on a fork
     log = MemoryRolloutLog()
@@ -68,6 +71,7 @@ async def test_limit_policy_error_and_infra_error_are_told_apart(tmp_path, task,
     r, _ = runner(tmp_path, OUTPUTS, tok, limits=Limits(max_steps=1))
     [limit] = await r.run([RolloutJob(task, "run", 0, 0)])
     assert limit.status is RolloutStatus.LIMIT and "max_steps" in limit.detail
+    assert limit.metrics["limit_max_steps"] == 1.0 and limit.metrics["limit_timeout"] == 0.0
 
     r, _ = runner(tmp_path, OUTPUTS[:1], tok)  # the model fails at its second call
     [policy] = await r.run([RolloutJob(task, "run", 0, 1)])
@@ -80,6 +84,20 @@ async def test_limit_policy_error_and_infra_error_are_told_apart(tmp_path, task,
     r, _ = runner(tmp_path, OUTPUTS, tok)
     [infra] = await r.run([RolloutJob(Broken("t2", "x", "/nonexistent"), "run", 0, 2)])
     assert infra.status is RolloutStatus.INFRA_ERROR and "disk gone" in infra.detail
+
+
+async def test_a_rollout_cut_by_the_clock_is_counted_as_a_timeout_not_a_step_limit(tmp_path, task, tok) -> None:
+    class Slow(ScriptedCompleter):  # an engine shared by many rollouts: each generation waits its turn
+        async def complete(self, request):
+            await asyncio.sleep(0.3)
+            return await super().complete(request)
+
+    config = WorkerConfig(store_root=str(tmp_path / "store"), limits=Limits(max_wall_s=0.5), return_routes=False)
+    r = RolloutRunner(config, Slow(OUTPUTS, tok), tok, COMPACT_PROFILE)
+    [rollout] = await r.run([RolloutJob(task, "run", 0, 0)])
+    assert rollout.status is RolloutStatus.LIMIT, rollout.detail
+    assert rollout.metrics["limit_timeout"] == 1.0 and rollout.metrics["limit_max_steps"] == 0.0
+    assert rollout.metrics["model_calls"] < len(OUTPUTS)
 
 
 async def test_rollout_and_server_session_get_byte_identical_prompts_and_tool_results(tmp_path, task, tok) -> None:
