@@ -70,6 +70,10 @@ class GRPOConfig(_Section):
 class LimitsConfig(_Section):
     max_model_calls: int = Field(8, ge=1)
     max_output_tokens: int = Field(2048, ge=1)
+    # the clock includes waiting for the shared engine: with many rollouts batched on a small
+    # machine it can bind before the policy's own budget does, which makes the limit (and its
+    # penalty) a function of load. The rollout metrics' `limit_timeout` share shows when it does;
+    # size it well above the call budget's time for experiments (benchmarks/rl_learning.py: 900 s)
     max_wall_s: float = Field(120.0, gt=0.0)
 
     def to_limits(self) -> Any:
