@@ -13,7 +13,10 @@
   (``blind_edits`` / ``edits``), ``malformed_call_rate`` (``malformed_calls`` /
   ``tool_calls``) — ratios of sums, not means of ratios, so a long rollout weighs
   by its calls;
-* ``rollout_wall_s_p50/p90/max`` from ``Rollout.metrics["wall_s"]``.
+* ``rollout_wall_s_p50/p90/max`` from ``Rollout.metrics["wall_s"]``;
+* ``rollout_limit_max_steps`` / ``_max_tokens`` / ``_timeout``: the share of rollouts each
+  limit ended (the worker writes 0/1 per rollout), so a clock that binds before the policy's
+  own call budget — load, not behaviour — shows as a rising ``timeout`` share.
 
 Trainer metrics (loss, entropy, grad norm, sampler/trainer Δ, TIS clipping,
 expert balance: :class:`rl.train.grpo.GRPOTrainer`) and the time split
@@ -53,6 +56,8 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("blind-edit rate", ("blind_edit_rate", "heldout_blind_edit_rate")),
     ("malformed-call rate", ("malformed_call_rate", "heldout_malformed_call_rate")),
     ("model calls per rollout", ("rollout_model_calls",)),
+    ("share of rollouts ended by a limit", ("rollout_limit_max_steps", "rollout_limit_max_tokens",
+                                           "rollout_limit_timeout")),
     ("rollout wall time (s)", ("rollout_wall_s_p50", "rollout_wall_s_p90", "rollout_wall_s_max")),
     ("time split (s)", ("time_generation_s", "time_tools_s", "time_grading_s", "time_training_s",
                         "time_weight_sync_s")),
