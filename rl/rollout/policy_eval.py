@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["run_policy_rollouts"]
 
 
-
 async def run_policy_rollouts(tasks: Sequence[Task], k: int, openai: Any, *, limits: Any, store_root: Path,
                               run_id: str = "eval", concurrency: int = 4) -> list[Rollout]:
     """``k`` graded rollouts of each task (in task, sample order) with the model ``openai`` names."""
