@@ -52,6 +52,9 @@ class GRPOConfig(_Section):
     eps_high: float = Field(0.28, ge=0.0)  # clip-high (DAPO): ratio <= 1 + eps_high
     tis_clip: float = Field(2.0, gt=0.0)  # truncated importance sampling cap on pi_old / pi_sampler
     std_normalise: bool = False  # divide advantages by the group's reward std (GRPO); off = Dr. GRPO
+    # multiply negative advantages by this (1 = the papers; 0 = train on better-than-baseline rollouts
+    # only, as rejection-sampling fine-tuning does); see rl.train.grpo "Negative advantages"
+    neg_adv_scale: float = Field(1.0, ge=0.0, le=1.0)
     kl_coef: float = Field(0.0, ge=0.0)  # k3 KL to the initial policy; 0 = no reference model (default)
     aux_loss_coef: float = Field(0.01, ge=0.0)  # MoE load-balancing term (replaces the checkpoint's coefficient)
     norm_tokens: int = Field(1024, ge=1)  # Dr. GRPO's constant: loss = sum over tokens / (rows * norm_tokens)

@@ -79,6 +79,8 @@ async def _one(env: Any, base: Any, sample: int, openai: Any, limits: Any, sandb
         session = build_session(SessionParts(fork, sandbox), policy=policy, limits=limits, sink=sink,
                                 session_id=session_id, profile=policy.prompt_profile)
         outcome = await session.run_turn(env.request)
+        # which limit ended it, as rl.rollout.worker records it (0/1 each)
+        rollout.metrics |= {f"limit_{reason}": float(outcome.reason == reason) for reason in sorted(LIMIT_REASONS)}
         errors = sink.of_type(ErrorEvent)
         if outcome.reason == "completed":
             rollout.status = RolloutStatus.FINISHED

@@ -16,6 +16,17 @@ also noted where it happens below):
   (population) std + 1e-6. Departure from Dr. GRPO: LOO instead of the group
   mean including ``r_i`` — LOO is ``G/(G-1)`` times Dr. GRPO's advantage, the
   same direction, an unbiased baseline.
+* **Negative advantages** — ``neg_adv_scale`` (default 1: the papers) multiplies
+  every negative advantage after the baseline. Departure, off by default: with
+  token-sum aggregation a group's failures push down every token they share with
+  its successes (tool-call syntax included) in proportion to their length, and
+  failures that run to the call limit are the longest rows; on a small policy
+  the net push on shared tokens is negative whenever
+  ``neg_adv_scale * tokens(failures) > tokens(successes)`` (LOO advantages sum
+  to zero within a group). A scale below 1 keeps that net push positive; 0 is
+  rejection-sampling fine-tuning on the better-than-baseline rollouts with
+  GRPO's clip and TIS (cf. asymmetric REINFORCE, Arnal et al. 2025, which lowers
+  the baseline for the same reason).
 * **Zero-variance groups** (all rewards equal) have zero advantage everywhere;
   they are skipped before any forward (``frac_reward_zero_std``), as DAPO's
   dynamic sampling does. Departure from DAPO: we do not resample to refill the
@@ -86,8 +97,10 @@ class RoutingReplayUnavailable(RuntimeError):
     """Routing replay was asked for but the model or the rollouts cannot provide it."""
 
 
-def group_advantages(rewards: Sequence[float], *, std_normalise: bool = False, eps: float = 1e-6) -> list[float]:
-    """Leave-one-out advantages ``r_i - mean_{j != i} r_j`` of one group (see the module docstring)."""
+def group_advantages(rewards: Sequence[float], *, std_normalise: bool = False, neg_scale: float = 1.0,
+                     eps: float = 1e-6) -> list[float]:
+    """Leave-one-out advantages ``r_i - mean_{j != i} r_j`` of one group, negative ones multiplied
+    by ``neg_scale`` (see the module docstring)."""
     g = len(rewards)
     if g < 2:
         raise ValueError(f"a group needs at least 2 rollouts for a baseline, got {g}")
@@ -97,6 +110,8 @@ def group_advantages(rewards: Sequence[float], *, std_normalise: bool = False, e
         mean = total / g
         std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / g)
         adv = [a / (std + eps) for a in adv]
+    if neg_scale != 1.0:
+        adv = [a * neg_scale if a < 0 else a for a in adv]
     return adv
 
 
@@ -154,7 +169,8 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
         if max(rewards) - min(rewards) == 0.0:
             sel.n_groups_zero_std += 1
             continue
-        for r, adv in zip(group, group_advantages(rewards, std_normalise=cfg.std_normalise), strict=True):
+        advs = group_advantages(rewards, std_normalise=cfg.std_normalise, neg_scale=cfg.neg_adv_scale)
+        for r, adv in zip(group, advs, strict=True):
             if any(s.sampled and s.token_ids for s in r.segments):
                 sel.rows.append((r, adv))
             else:  # its reward still counts in the baseline above; it has no token to take a gradient on
@@ -322,9 +338,9 @@ class GRPOTrainer:
                     with torch.no_grad():
                         ref_lp = _token_logprobs(self._forward(self.reference, b).logits, b["input_ids"])
                     log_r = ref_lp - new_lp
-                    kl = ((torch.exp(log_r) - log_r - 1) * b["mask"]).sum() / normaliser
-                    total = total + cfg.kl_coef * kl
-                    acc["kl_ref"] += float(kl.detach())
+                    kl_sum = ((torch.exp(log_r) - log_r - 1) * b["mask"]).sum()
+                    total = total + cfg.kl_coef * kl_sum / normaliser
+                    acc["kl_ref_sum"] += float(kl_sum.detach())
                 total.backward()
                 mask = b["mask"]
                 with torch.no_grad():
@@ -358,7 +374,8 @@ class GRPOTrainer:
             "expert_balance": expert_balance(counts) if counts is not None else 1.0,
         }
         if self.reference is not None:
-            metrics["kl_ref"] = acc["kl_ref"]
+            # per policy token (the loss term is this times policy_tokens / (rows * norm_tokens))
+            metrics["kl_ref"] = acc["kl_ref_sum"] / max(n_tok, 1.0)
         return metrics
 
 

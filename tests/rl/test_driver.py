@@ -181,7 +181,8 @@ def test_a_grader_that_cannot_run_excludes_the_rollout_and_counts_it(ray_session
 def test_eval_takes_its_limits_from_a_run_config(tasks: Path, capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))
-    server = ScriptedChatServer(["Let me look.", "Still looking.", "Done."])
+    look = encode_call("grep", {"pattern": "def"})  # a tool call: the turn goes on until a limit ends it
+    server = ScriptedChatServer([look, look, "Done."])
     cfg = _config(tmp_path, limits={"max_model_calls": 1, "max_output_tokens": 64, "max_wall_s": 30})
     with server.running():
         rc = main(["rl", "eval", "--policy", "openai", "--base-url", server.base_url, "--model", "m",
@@ -189,6 +190,9 @@ def test_eval_takes_its_limits_from_a_run_config(tasks: Path, capsys: pytest.Cap
     out = capsys.readouterr()
     assert rc == 0, out.err
     assert len(server.requests) == 1  # the config's one model call, not the default eight
+    res = json.loads(out.out.strip().splitlines()[-1])
+    # and the rollout records that the call limit ended it
+    assert res["behaviour"]["rollout_limit_max_steps"] == 1.0 and res["behaviour"]["rollout_limit_timeout"] == 0.0
     assert main(["rl", "eval", "--policy", "openai", "--base-url", "http://127.0.0.1:9", "--model", "m",
                  "--tasks", str(tasks), "--config", str(_config(tmp_path, limits={"max_calls": 1}))]) == 2
     assert "unknown key 'limits.max_calls'" in capsys.readouterr().err

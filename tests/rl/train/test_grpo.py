@@ -35,6 +35,41 @@ def test_std_normalisation_is_an_option() -> None:
         group_advantages([1.0])
 
 
+def test_negative_advantages_can_be_scaled_down() -> None:
+    assert group_advantages([1.0, 0.0, 0.0, 0.0], neg_scale=0.25) == pytest.approx([1.0, -1 / 12, -1 / 12, -1 / 12])
+    assert group_advantages([1.0, 0.0, 0.0], neg_scale=0.0) == [1.0, 0.0, 0.0]
+    # applied after std normalisation, to negative advantages only
+    normed = group_advantages([1.0, 0.0], std_normalise=True, neg_scale=0.5)
+    assert normed == pytest.approx([1.0 / (0.5 + 1e-6), -0.5 / (0.5 + 1e-6)])
+    rs = [rollout(None, [1, 2], [[3]], task="a", sample=0, reward=1.0),
+          rollout(None, [1, 2], [[4]], task="a", sample=1, reward=0.0)]
+    sel = select_rollouts(rs, GRPOConfig(group_size=2, neg_adv_scale=0.5))
+    assert [a for _, a in sel.rows] == [1.0, -0.5]
+    with pytest.raises(ValueError):
+        GRPOConfig(neg_adv_scale=1.5)
+
+
+@pytest.mark.parametrize(("scale", "rises"), [(1.0, False), (0.25, True)])
+def test_long_failures_push_down_a_token_they_share_with_the_success_unless_scaled(scale: float,
+                                                                                  rises: bool) -> None:
+    """Token 5 (think: tool-call syntax) opens every call. The success makes one call, each of the
+    three failures three. At its first position the group's advantages cancel (LOO sums to zero),
+    but its later uses in the failures push its shared weights down; a scale of 0.25 outweighs them."""
+    model = tiny_model(seed=1)
+    prompt = [1, 2, 3]
+    rs = [rollout(model, prompt, [[5, 10]], sample=0, reward=1.0)]
+    rs += [rollout(model, prompt, [[5, 20 + i], [5, 30 + i], [5, 40 + i]], sample=i + 1, reward=0.0,
+                   between=[7, 8])
+           for i in range(3)]
+
+    def first_lp() -> float:
+        return float(model.logprobs(torch.tensor([prompt + [5]]))[0][-1])
+
+    before = first_lp()
+    GRPOTrainer(model, GRPOConfig(group_size=4, norm_tokens=4, neg_adv_scale=scale), pad_id=0, lr=1e-2).step(rs)
+    assert (first_lp() > before + 1e-4) if rises else (first_lp() < before - 1e-4)
+
+
 def test_selection_excludes_infra_errors_and_skips_zero_variance_groups() -> None:
     rs = [rollout(None, [1, 2], [[3]], task="a", sample=0, reward=1.0),
           rollout(None, [1, 2], [[3]], task="a", sample=1, reward=1.0),
@@ -138,6 +173,19 @@ def test_update_lowers_negative_advantage_tokens_and_raises_positive_ones() -> N
     assert m["stepped"] == 1 and math.isfinite(m["loss"]) and m["grad_norm"] > 0
     assert m["logprob_diff_max"] < 1e-4  # sampler logprobs are the model's own: TIS weights ~1
     assert seq_lp(bad) < bad0 - 1e-3 and seq_lp(good) > good0 + 1e-3
+
+
+def test_kl_term_is_zero_at_the_start_and_grows_per_token_after_a_step() -> None:
+    model = tiny_model()
+    rs = [rollout(model, [1, 2], [[3 + i, 4, 9]], sample=i, reward=float(i % 2)) for i in range(4)]
+    trainer = GRPOTrainer(model, GRPOConfig(kl_coef=0.1, norm_tokens=4), pad_id=0, lr=5e-2)
+    first = trainer.step(rs)
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # the reference is the start's weights
+    rs = [rollout(model, [1, 2], [[3 + i, 4, 9]], sample=i, reward=float(i % 2)) for i in range(4)]
+    second = trainer.step(rs)
+    # a per-token mean of a non-negative estimator: positive, and independent of the minibatching
+    assert 0.0 < second["kl_ref"] < 10.0
+    assert "kl_ref" not in GRPOTrainer(tiny_model(), GRPOConfig(), pad_id=0, lr=1e-3).step(rs)
 
 
 def test_minibatches_compute_old_logprobs_and_train() -> None:
