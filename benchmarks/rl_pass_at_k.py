@@ -13,8 +13,9 @@ sampling noise.
     .venv/bin/python benchmarks/rl_pass_at_k.py --checkpoint START/sft --tasks TASKS.jsonl -k 16 --greedy
 
 Reported: pass@j for j = 1, 2, 4, ... up to k (the unbiased estimator of Chen et al., 2021, from
-the same k samples), per family and per difficulty, the greedy pass rate, and the behaviour
-figures of the sampled rollouts. Not guaranteed: the figures of one seed are estimates (32 tasks
+the same k samples), per family and per difficulty, the greedy pass rate, the behaviour
+figures of the sampled rollouts, and what their rejected tool calls were told, by kind
+(``malformed_reasons``, the 12 most common: ``rl.behaviour.malformed_reasons``). Not guaranteed: the figures of one seed are estimates (32 tasks
 give a standard error of several points); the limits are the RL run's (``--max-model-calls``,
 ``--max-tokens``), which the caller must keep equal to the run it compares with.
 """
@@ -71,8 +72,12 @@ def main() -> None:
     if args.k < 1:
         raise SystemExit("-k must be at least 1")
 
+    from collections import Counter
+
     import ray
 
+    from agent.events import EVENT_ADAPTER
+    from rl.behaviour import malformed_reasons
     from rl.config import LimitsConfig
     from rl.rollout.driver import evaluate, load_split, sample_tasks
     from rl.types import Split
@@ -86,6 +91,10 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
     tmp = tempfile.mkdtemp(prefix="rl-pass-at-k-")
     done = 0
+    reasons: Counter[str] = Counter()
+
+    def tally(r: Any) -> None:
+        reasons.update(malformed_reasons(EVENT_ADAPTER.validate_python(e) for e in r.events))
 
     def progress(n: int) -> None:
         nonlocal done
@@ -95,7 +104,7 @@ def main() -> None:
     try:
         sampled = evaluate(tasks, k=args.k, checkpoint=args.checkpoint, limits=limits, temperature=args.temperature,
                            max_tokens=args.max_tokens, store_root=Path(tmp) / "t", seed=args.seed,
-                           progress=progress)
+                           progress=progress, on_rollout=tally)
         greedy = None
         if args.greedy:
             greedy = evaluate(tasks, k=1, checkpoint=args.checkpoint, limits=limits, temperature=0.0,
@@ -112,6 +121,7 @@ def main() -> None:
         "by_family": by_group(tasks, sampled.per_task, "family"),
         "by_difficulty": by_group(tasks, sampled.per_task, "difficulty"),
         "infra_errors": sampled.infra_errors, "behaviour": sampled.behaviour,
+        "malformed_reasons": dict(reasons.most_common(12)), "malformed_total": sum(reasons.values()),
     }
     if greedy is not None:
         result["greedy_pass_rate"] = greedy.pass_at_1

@@ -28,16 +28,19 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
 
-__all__ = ["Behaviour", "behaviour"]
+__all__ = ["Behaviour", "behaviour", "malformed_reasons"]
 
 EDIT_TOOLS = frozenset({"edit_file", "write_file"})
 _GREP_ROW = re.compile(r"^(.+?)[:-](\d+)[:-] ")
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
+_NUMBER = re.compile(r"\d+")
 
 
 def _norm(path: object) -> str:
@@ -119,3 +122,19 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
                 seen |= _seen_paths(name, args, e)
     b.parallel_by_step = [per_step.get(s, 0) >= 2 for s in steps]
     return b
+
+
+def malformed_reasons(events: Iterable[Event], *, width: int = 80) -> Counter[str]:
+    """What the rejected calls of one rollout were told, as a count per *kind* of message: the
+    first line of each ``valid=False`` call's result with quoted text replaced by ``'…'`` and
+    numbers by ``N``, cut at ``width`` characters (so "unknown tool 'reed_file'" and "unknown tool
+    'raed'" are one kind). Not guaranteed: that two kinds never share a prefix of ``width``."""
+    rejected: set[str] = set()
+    out: Counter[str] = Counter()
+    for e in events:
+        if isinstance(e, ToolCallStarted) and not e.valid:
+            rejected.add(e.call_id)
+        elif isinstance(e, ToolResultEvent) and e.call_id in rejected:
+            first = (e.output.strip().splitlines() or [""])[0]
+            out[_NUMBER.sub("N", _QUOTED.sub("'…'", first))[:width]] += 1
+    return out

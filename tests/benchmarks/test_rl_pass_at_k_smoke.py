@@ -50,6 +50,9 @@ def test_pass_at_k_reports_the_curve_groups_and_greedy(tmp_path: Path) -> None:
     assert sum(g["tasks"] for g in result["by_family"].values()) == 2
     assert 0.0 <= result["greedy_pass_rate"] <= 1.0
     assert result["behaviour"]["rollouts"] == 4 and result["greedy_behaviour"]["rollouts"] == 2
+    # every rejected call of the sampled rollouts is tallied by kind
+    assert result["malformed_total"] == round(result["behaviour"]["rollout_malformed_calls"] * 4)
+    assert sum(result["malformed_reasons"].values()) <= result["malformed_total"]
 
 
 def test_pass_curve_uses_the_unbiased_estimator() -> None:

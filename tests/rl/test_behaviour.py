@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
-from rl.behaviour import behaviour
+from rl.behaviour import behaviour, malformed_reasons
 
 
 def _call(step: int, i: int, name: str | None, args: dict, output: str = "", ok: bool = True,
@@ -65,3 +65,19 @@ def test_a_malformed_call_does_not_make_a_model_call_parallel() -> None:
         *_call(2, 1, "read_file", {"path": "b.py"}),
     ]
     assert behaviour(events).parallel_by_step == [False, True]
+
+
+def test_malformed_reasons_are_counted_by_kind() -> None:
+    events: list[Event] = [
+        AssistantMessage(step=1, text=""),
+        *_call(1, 0, "reed_file", {}, "unknown tool 'reed_file'; available tools: read_file, grep",
+               ok=False, valid=False),
+        *_call(1, 1, "raed", {}, "unknown tool 'raed'; available tools: read_file, grep", ok=False, valid=False),
+        *_call(1, 2, "read_file", {"path": "a.py"}, "1 | x = 1"),  # a valid call: not counted
+        AssistantMessage(step=2, text=""),
+        *_call(2, 0, None, {}, "malformed tool call: unclosed <path> at line 3\nexpected form: ...",
+               ok=False, valid=False),
+    ]
+    assert malformed_reasons(events) == {"unknown tool '…'; available tools: read_file, grep": 2,
+                                         "malformed tool call: unclosed <path> at line N": 1}
+    assert malformed_reasons([]) == {}
