@@ -14,7 +14,13 @@ editing, fewer blind edits, fewer tokens):
   *seen* before: read with ``read_file``, or named in a ``grep``, ``glob`` or
   ``semantic_search`` result that arrived earlier. Creating a new file is
   never blind;
-* ``malformed_calls`` — calls the parser or the schema rejected (``valid=False``);
+* ``malformed_calls`` — calls the parser or the schema rejected (``valid=False``),
+  and by kind (``malformed_<kind>``, from the rejection message's wording in
+  ``agent.parser`` / ``agent.calls`` / ``agent.session``): ``unclosed`` (the
+  response ended inside a call: out of tokens, or stopped), ``syntax`` (any
+  other parse error), ``unknown_tool``, ``invalid_args`` (the schema: missing,
+  unknown or repeated parameters), ``overflow`` (too many calls in one
+  response), ``other``;
 * ``tokens`` — output tokens over all model calls.
 
 Not guaranteed: paths are compared after ``./`` and ``..`` normalisation
@@ -35,10 +41,11 @@ from typing import Any
 
 from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
 
-__all__ = ["Behaviour", "behaviour", "malformed_reasons"]
+__all__ = ["MALFORMED_KINDS", "Behaviour", "behaviour", "malformed_kind", "malformed_reasons"]
 
 EDIT_TOOLS = frozenset({"edit_file", "write_file"})
 _GREP_ROW = re.compile(r"^(.+?)[:-](\d+)[:-] ")
+MALFORMED_KINDS = ("unclosed", "syntax", "unknown_tool", "invalid_args", "overflow", "other")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
 _NUMBER = re.compile(r"\d+")
 
@@ -56,6 +63,7 @@ class Behaviour:
     edits: int = 0
     blind_edits: int = 0
     malformed_calls: int = 0
+    malformed_by_kind: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
 
     def metrics(self) -> dict[str, float]:
@@ -69,6 +77,7 @@ class Behaviour:
             "edits": float(self.edits), "blind_edits": float(self.blind_edits),
             "blind_edit_rate": self.blind_edits / self.edits if self.edits else 0.0,
             "malformed_calls": float(self.malformed_calls), "tokens": float(self.tokens),
+            **{f"malformed_{k}": float(self.malformed_by_kind.get(k, 0)) for k in MALFORMED_KINDS},
         }
 
 
@@ -93,6 +102,7 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
     steps: list[tuple[int, int]] = []
     created: set[str] = set()
     seen: set[str] = set()
+    rejected: set[str] = set()
     evs = list(events)
     for e in evs:
         if isinstance(e, FileEditEvent) and e.created:
@@ -105,11 +115,16 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
         elif isinstance(e, ToolCallStarted):
             b.tool_calls += 1
             b.malformed_calls += not e.valid
+            if not e.valid:
+                rejected.add(e.call_id)
             calls[e.call_id] = (e.name, dict(e.args))
             if e.valid:  # a malformed call is not a parallel one: broken calls must not buy the metric
                 per_step[(e.turn, e.step)] = per_step.get((e.turn, e.step), 0) + 1
         elif isinstance(e, ToolResultEvent):
             name, args = calls.get(e.call_id, (e.name, {}))
+            if e.call_id in rejected:
+                kind = malformed_kind(e.output)
+                b.malformed_by_kind[kind] = b.malformed_by_kind.get(kind, 0) + 1
             if not e.ok:
                 continue
             if name in EDIT_TOOLS:
@@ -122,6 +137,21 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
                 seen |= _seen_paths(name, args, e)
     b.parallel_by_step = [per_step.get(s, 0) >= 2 for s in steps]
     return b
+
+
+def malformed_kind(message: str) -> str:
+    """Which of :data:`MALFORMED_KINDS` a rejected call's result message is (by its wording)."""
+    if "unclosed <tool_call" in message:
+        return "unclosed"
+    if message.startswith("malformed tool call"):
+        return "syntax"
+    if message.startswith("unknown tool"):
+        return "unknown_tool"
+    if message.startswith("invalid call to"):
+        return "invalid_args"
+    if message.startswith("too many tool calls"):
+        return "overflow"
+    return "other"
 
 
 def malformed_reasons(events: Iterable[Event], *, width: int = 80) -> Counter[str]:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rl.behaviour import MALFORMED_KINDS
 from rl.rollout.log import MemoryRolloutLog, RolloutLog, persist
 from rl.rollout.taskenv import TaskEnv
 from rl.types import Rollout, RolloutStatus, Split
@@ -263,7 +264,8 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
 
 HELDOUT_KEYS = ("success_rate", "tokens_per_solved", "parallel_call_share", "blind_edit_rate", "malformed_call_rate",
                 "tool_calls_per_model_call", "rollout_model_calls", "rollout_sampled_tokens", "status_infra_error",
-                "rollout_limit_max_steps", "rollout_limit_timeout")
+                "rollout_limit_max_steps", "rollout_limit_timeout",
+                *(f"rollout_malformed_{kind}" for kind in MALFORMED_KINDS))
 
 
 def heldout_metrics(source: RaySource, task_ids: Sequence[str], *, iteration: int, k: int, temperature: float,

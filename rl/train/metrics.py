@@ -12,7 +12,8 @@
   ``model_calls``: model calls with two or more tool calls), ``blind_edit_rate``
   (``blind_edits`` / ``edits``), ``malformed_call_rate`` (``malformed_calls`` /
   ``tool_calls``) — ratios of sums, not means of ratios, so a long rollout weighs
-  by its calls;
+  by its calls; ``rollout_malformed_<kind>`` (``rl.behaviour.MALFORMED_KINDS``) splits the
+  malformed calls per rollout by what was wrong with them;
 * ``rollout_wall_s_p50/p90/max`` from ``Rollout.metrics["wall_s"]``;
 * ``rollout_limit_max_steps`` / ``_max_tokens`` / ``_timeout``: the share of rollouts each
   limit ended (the worker writes 0/1 per rollout), so a clock that binds before the policy's
@@ -35,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rl.behaviour import MALFORMED_KINDS
 from rl.types import Rollout, RolloutStatus
 
 __all__ = ["PLOTS", "append_metrics", "percentile", "plot_metrics", "read_metrics", "rollout_metrics"]
@@ -55,6 +57,8 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("share of model calls with >= 2 parallel calls", ("parallel_call_share", "heldout_parallel_call_share")),
     ("blind-edit rate", ("blind_edit_rate", "heldout_blind_edit_rate")),
     ("malformed-call rate", ("malformed_call_rate", "heldout_malformed_call_rate")),
+    ("malformed calls per rollout, by kind", tuple(f"rollout_malformed_{k}" for k in MALFORMED_KINDS)),
+    ("held-out malformed calls per rollout, by kind", tuple(f"heldout_rollout_malformed_{k}" for k in MALFORMED_KINDS)),
     ("model calls per rollout", ("rollout_model_calls",)),
     ("share of rollouts ended by a limit", ("rollout_limit_max_steps", "rollout_limit_max_tokens",
                                            "rollout_limit_timeout")),

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
-from rl.behaviour import behaviour, malformed_reasons
+from pathlib import Path
+
+from agent.events import AssistantMessage, Event, FileEditEvent, ListSink, ToolCallStarted, ToolResultEvent
+from agent.parser import encode_call as call
+from agent.policies.scripted import ScriptedPolicy
+from agent.session import Limits, Session
+from rl.behaviour import MALFORMED_KINDS, behaviour, malformed_reasons
+from tools.registry import default_tools
+from tools.workspace import WorkspaceStore
 
 
 def _call(step: int, i: int, name: str | None, args: dict, output: str = "", ok: bool = True,
@@ -81,3 +88,29 @@ def test_malformed_reasons_are_counted_by_kind() -> None:
     assert malformed_reasons(events) == {"unknown tool '…'; available tools: read_file, grep": 2,
                                          "malformed tool call: unclosed <path> at line N": 1}
     assert malformed_reasons([]) == {}
+
+
+async def test_rejected_calls_of_a_real_session_are_sorted_into_kinds(tmp_path: Path) -> None:
+    """The kinds rely on the runtime's wording: this runs the real parser, validator and session."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "app.py").write_text("x = 1\n")
+    ws = WorkspaceStore(tmp_path / "store").from_dir(src)
+    sink = ListSink()
+    outputs = [
+        call("reed_file", {"path": "app.py"}) + call("read_file", {"paht": "app.py"}),  # unknown tool, schema
+        "<tool_call name=\"read_file\"><path>app.py</oops></tool_call>",  # a syntax error
+        call("read_file", {"path": "app.py"}) + "<tool_call name=\"grep\"><pattern>x",  # ends inside a call
+        "Done.",
+    ]
+    try:
+        session = Session(workspace=ws, policy=ScriptedPolicy(outputs), tools=default_tools(), sink=sink,
+                          limits=Limits())
+        await session.run_turn("look")
+    finally:
+        ws.delete()
+    m = behaviour(sink.events).metrics()
+    assert m["malformed_calls"] == 4
+    assert {k: m[f"malformed_{k}"] for k in MALFORMED_KINDS} == {
+        "unclosed": 1, "syntax": 1, "unknown_tool": 1, "invalid_args": 1, "overflow": 0, "other": 0}
+    assert sum(malformed_reasons(sink.events).values()) == 4
