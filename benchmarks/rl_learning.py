@@ -271,6 +271,8 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
 def seed_result(seed: int, run: Path, name: str) -> dict[str, Any]:
     """One finished (or stopped) seed's result from its run directory; copies its metrics and
     curves into docs/rl/. Used after training and by ``--report-only``."""
+    from rl.behaviour import MALFORMED_KINDS
+
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for src in ("metrics.jsonl", "curves.png"):
         shutil.copy(run / src, DOCS / f"{name}_seed{seed}_{src}")
@@ -282,6 +284,9 @@ def seed_result(seed: int, run: Path, name: str) -> dict[str, Any]:
             "train_success_rate": [r.get("success_rate") for r in trained],
             "train_mean_reward": [r.get("mean_reward") for r in trained],
             "train_malformed_call_rate": [r.get("malformed_call_rate") for r in trained],
+            # malformed calls per rollout by kind (rl.behaviour.MALFORMED_KINDS; absent in runs before it)
+            "train_malformed_by_kind": {k: [r.get(f"rollout_malformed_{k}") for r in trained]
+                                        for k in MALFORMED_KINDS},
             "train_groups_success_varied": [r.get("groups_success_varied") for r in trained],
             "train_draws": [r.get("draws") for r in trained],
             "seconds": {"per_iteration": statistics.fmean(r.get("time_rollouts_s", 0) + r.get("time_training_s", 0)
