@@ -158,11 +158,11 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         res, rounds = run_dagger(model, tok, profile, tasks[n_held:], tasks[:n_held], train_demos.examples,
                                  held_demos.examples, run_cfg, out=args.out, seed=args.seed, first=res,
                                  curve_path=curve_path)
-    from rl.train.metrics import plot_metrics
+    from rl.train.metrics import SFT_PLOTS, plot_metrics
 
     curve = [json.loads(x) for x in curve_path.read_text().splitlines()]  # with the DAgger rounds', if any
-    plot_metrics([{"iteration": p["step"], "sft_train_loss": p["train_loss"], "sft_heldout_loss": p["heldout_loss"]}
-                  for p in curve], args.out / "sft_curve.png", title="SFT" + (" + DAgger" if rounds else ""))
+    plot_metrics(curve, args.out / "sft_curve.png", x_key="step", plots=SFT_PLOTS,
+                 title="SFT" + (" + DAgger" if rounds else ""))
     save_checkpoint(args.out, model, tok, step=res.steps, profile=profile,
                     extra={"sft": {"best_step": res.best_step, "best_heldout_loss": res.best_heldout_loss,
                                    "demonstrations": len(examples), "skipped": skipped}})

@@ -39,7 +39,7 @@ from typing import Any
 from rl.behaviour import MALFORMED_KINDS
 from rl.types import Rollout, RolloutStatus
 
-__all__ = ["PLOTS", "append_metrics", "percentile", "plot_metrics", "read_metrics", "rollout_metrics"]
+__all__ = ["PLOTS", "SFT_PLOTS", "append_metrics", "percentile", "plot_metrics", "read_metrics", "rollout_metrics"]
 
 _RATIOS = {  # name: (numerator key, denominator key) of Rollout.metrics
     "tool_calls_per_model_call": ("tool_calls", "model_calls"),
@@ -70,6 +70,13 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("expert load balance (max/mean)", ("expert_balance",)),
     ("entropy", ("entropy",)),
     ("grad norm", ("grad_norm",)),
+)
+
+
+SFT_PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # `flywheel rl sft`'s curve (x: the optimizer step)
+    ("SFT loss", ("train_loss", "heldout_loss")),
+    ("SFT held-out copy tokens: loss", ("heldout_copy_loss",)),
+    ("SFT held-out copy tokens: accuracy", ("heldout_copy_acc",)),
 )
 
 
@@ -127,18 +134,27 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def plot_panels(records: Sequence[dict[str, Any]],
+                plots: Sequence[tuple[str, Sequence[str]]] = PLOTS) -> list[tuple[str, list[str]]]:
+    """The panels of ``plots`` that ``records`` have data for, each with its keys that do."""
+    panels = [(t, [k for k in keys if any(k in r for r in records)]) for t, keys in plots]
+    return [(t, ks) for t, ks in panels if ks]
+
+
 def plot_metrics(records: Iterable[dict[str, Any]], out_png: str | Path, *, x_key: str = "iteration",
-                 title: str = "") -> Path:
-    """One PNG with a panel per metric group of :data:`PLOTS` that has data (Agg backend)."""
+                 title: str = "", plots: Sequence[tuple[str, Sequence[str]]] = PLOTS) -> Path:
+    """One PNG with a panel per metric group of ``plots`` (default :data:`PLOTS`) that has data
+    (Agg backend). ``ValueError`` when no group has any: a blank figure is never written."""
+    recs = list(records)
+    panels = plot_panels(recs, plots)
+    if not panels:
+        raise ValueError(f"nothing to plot in {out_png}: no record has any of the keys of {[t for t, _ in plots]}")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = list(records)
-    panels = [(t, [k for k in keys if any(k in r for r in recs)]) for t, keys in PLOTS]
-    panels = [(t, ks) for t, ks in panels if ks]
-    n = max(1, len(panels))
+    n = len(panels)
     cols = 3
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)

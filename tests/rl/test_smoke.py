@@ -57,6 +57,7 @@ def sft_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path
     rc = _cmd_sft(argparse.Namespace(tasks=tasks, init=root / "init", out=root / "sft", config=root / "sft.json",
                                      seed=0))
     assert rc == 0
+    assert (root / "sft" / "sft_curve.png").stat().st_size > 10_000  # its loss curve drawn, not a blank figure
     return tasks, root / "sft"
 
 

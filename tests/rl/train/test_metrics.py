@@ -6,7 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from rl.train.metrics import append_metrics, percentile, plot_metrics, read_metrics, rollout_metrics
+from rl.train.metrics import (
+    SFT_PLOTS,
+    append_metrics,
+    percentile,
+    plot_metrics,
+    plot_panels,
+    read_metrics,
+    rollout_metrics,
+)
 from rl.types import GradeResult, Rollout, RolloutStatus, Segment
 
 
@@ -44,3 +52,17 @@ def test_jsonl_and_png(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError):
         append_metrics(path, {"iteration": 3, "loss": float("nan")})  # never a silent NaN in the log
+
+
+def test_the_sft_curve_has_its_own_panels_and_a_blank_figure_is_refused(tmp_path: Path) -> None:
+    curve = [{"step": 0, "train_loss": 1.2, "heldout_loss": 3.4, "heldout_copy_acc": 0.2, "heldout_copy_loss": 4.4},
+             {"step": 50, "train_loss": 0.3, "heldout_loss": 0.4, "heldout_copy_acc": 0.9, "heldout_copy_loss": 0.3}]
+    assert [t for t, _ in plot_panels(curve, SFT_PLOTS)] == [t for t, _ in SFT_PLOTS]
+    assert plot_panels([{"step": 0, "train_loss": 1.0, "heldout_loss": 2.0}], SFT_PLOTS) == [
+        ("SFT loss", ["train_loss", "heldout_loss"])]
+    assert plot_metrics(curve, tmp_path / "sft.png", x_key="step", plots=SFT_PLOTS).stat().st_size > 10_000
+    # the SFT curve's keys are not the RL run's: with the default panels nothing would be drawn
+    assert plot_panels(curve) == []
+    with pytest.raises(ValueError, match="nothing to plot"):
+        plot_metrics(curve, tmp_path / "blank.png")
+    assert not (tmp_path / "blank.png").exists()
