@@ -254,7 +254,7 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
                   "copy_min_distance": load_config(start["sft"]).copy_min_distance},
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
-                 "neg_adv_scale": args.neg_adv_scale},
+                 "neg_adv_scale": args.neg_adv_scale, "lr_warmup_steps": args.lr_warmup_steps},
         "limits": {"max_model_calls": args.max_model_calls,
                    "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
         "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens},
@@ -367,6 +367,8 @@ def main() -> None:
     ap.add_argument("--max-draws", type=int, default=4, help="grpo.max_draws")
     ap.add_argument("--kl-coef", type=float, default=0.0,
                     help="grpo.kl_coef: k3 KL to the start's policy (default 0: none, as DAPO/Dr. GRPO)")
+    ap.add_argument("--lr-warmup-steps", type=int, default=0,
+                    help="grpo.lr_warmup_steps: linear warmup over the first N optimizer steps (default 0: none)")
     ap.add_argument("--neg-adv-scale", type=float, default=1.0,
                     help="grpo.neg_adv_scale: multiply negative advantages by this (default 1: the papers; "
                          "0: only better-than-baseline rollouts are trained on)")
@@ -473,7 +475,8 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "dynamic_sampling": args.dynamic_sampling,
                                                                  "max_draws": args.max_draws,
                                                                  "kl_coef": args.kl_coef,
-                                                                 "neg_adv_scale": args.neg_adv_scale},
+                                                                 "neg_adv_scale": args.neg_adv_scale,
+                                                                 "lr_warmup_steps": args.lr_warmup_steps},
               "seeds_done": [s["seed"] for s in seeds], "seeds_planned": args.seeds,
               "summary": summary, "bars": bars(summary), "sft": sft_info, "seeds": seeds}
     (DOCS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

@@ -61,6 +61,9 @@ class GRPOConfig(_Section):
     compact_filtering: bool = False  # DeepSWE: drop rollouts that hit a limit from the loss
     routing_replay: bool = False  # train with the experts the sampler used (needs recorded routes)
     minibatches: int = Field(1, ge=1)  # optimizer steps per iteration (later ones are off-policy: PPO clip)
+    # linear learning-rate warmup over the first N optimizer steps (0: none, verl's and TRL's default).
+    # Adam's first steps move every weight by ~lr whatever its gradient; see rl.train.grpo "Warmup"
+    lr_warmup_steps: int = Field(0, ge=0)
     micro_batch: int = Field(4, ge=1)  # rows per forward (gradient accumulation; bounds memory)
     # DAPO's dynamic sampling (rl.train.loop): "success" draws more tasks until `tasks_per_iteration`
     # groups hold both a solved and an unsolved rollout (at most `max_draws` draws of

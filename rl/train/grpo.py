@@ -60,6 +60,12 @@ also noted where it happens below):
   generation budget's order). Not per-sequence mean (GRPO: biases toward
   short correct and long wrong answers), not a per-batch token mean (DAPO:
   the normaliser then depends on the batch's lengths).
+* **Warmup** — ``lr_warmup_steps`` (default 0, as verl and TRL) scales the learning
+  rate of optimizer step ``n`` (counted by the optimizer's own state, so a resumed
+  run continues the ramp exactly) by ``min(1, n / lr_warmup_steps)``. Why it is
+  there: Adam's bias-corrected first steps are ~``lr * sign(grad)`` in every
+  coordinate, so a fresh optimizer moves every weight of the SFT start by ~lr at
+  once, however small and noisy the few groups' gradient is.
 * **MoE** — the load-balancing auxiliary loss (``ModelOutput.aux_loss`` at
   ``aux_loss_coef``) is added, weighted by each micro-batch's share of rows;
   the auxiliary-loss-free router-bias step runs after each optimizer step.
@@ -276,7 +282,7 @@ class GRPOTrainer:
 
         import torch
 
-        self.model, self.cfg, self.pad_id, self.grad_clip = model, cfg, pad_id, grad_clip
+        self.model, self.cfg, self.pad_id, self.grad_clip, self.lr = model, cfg, pad_id, grad_clip, lr
         # the run's coefficient replaces the checkpoint's (it is saved with the next checkpoint)
         model.cfg = replace(model.cfg, aux_loss_coef=cfg.aux_loss_coef)
         if cfg.routing_replay and not supports_routing_replay(model):
@@ -288,6 +294,24 @@ class GRPOTrainer:
         self.reference = None
         if cfg.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps taken so far (from the optimizer's state: restored with it on resume)."""
+        for group in self.optimizer.param_groups:
+            for p in group["params"]:
+                st = self.optimizer.state.get(p)
+                if st and "step" in st:
+                    return int(st["step"])
+        return 0
+
+    def _warmup(self) -> float:
+        """Set the learning rate of the optimizer step about to be taken; returns it."""
+        n = self.optimizer_steps + 1
+        lr = self.lr * (min(1.0, n / self.cfg.lr_warmup_steps) if self.cfg.lr_warmup_steps else 1.0)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
 
     def _forward(self, model: MoETransformer, batch: dict[str, torch.Tensor]) -> Any:
         if self.cfg.routing_replay:
@@ -359,12 +383,14 @@ class GRPOTrainer:
                     counts = c if counts is None else counts + c
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
             acc["grad_norm"] = max(acc["grad_norm"], float(grad_norm))
+            acc["lr"] = self._warmup()
             self.optimizer.step()
             if counts is not None:
                 model.update_router_bias(counts)
         model.eval()
         metrics |= {
-            "stepped": 1.0, "loss": acc["loss"], "aux_loss": acc["aux_loss"], "grad_norm": acc["grad_norm"],
+            "stepped": 1.0, "lr": acc["lr"], "loss": acc["loss"], "aux_loss": acc["aux_loss"],
+            "grad_norm": acc["grad_norm"],
             "policy_tokens": n_tok, "entropy": acc["entropy_sum"] / max(n_tok, 1.0),
             "logprob_diff_mean": acc["abs_delta_sum"] / max(n_tok, 1.0),
             "logprob_diff_max": acc["max_abs_delta"], "kl_sampler_trainer": acc["kl_sampler_sum"] / max(n_tok, 1.0),

@@ -188,6 +188,27 @@ def test_kl_term_is_zero_at_the_start_and_grows_per_token_after_a_step() -> None
     assert "kl_ref" not in GRPOTrainer(tiny_model(), GRPOConfig(), pad_id=0, lr=1e-3).step(rs)
 
 
+def test_warmup_ramps_the_first_steps_and_resumes_from_the_optimizer_state() -> None:
+    def moved(warmup: int) -> tuple[float, GRPOTrainer]:
+        model = tiny_model()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        rs = [rollout(model, [1, 2], [[3 + i, 4]], sample=i, reward=float(i % 2)) for i in range(4)]
+        trainer = GRPOTrainer(model, GRPOConfig(lr_warmup_steps=warmup), pad_id=0, lr=1e-2)
+        m = trainer.step(rs)
+        assert m["lr"] == pytest.approx(1e-2 / max(warmup, 1))
+        return max(float((v - before[k]).abs().max()) for k, v in model.state_dict().items()), trainer
+
+    full, _ = moved(0)
+    ramped, trainer = moved(4)
+    # Adam's first step is ~lr per coordinate whatever the gradient: a quarter of the rate, a quarter of the move
+    assert full == pytest.approx(1e-2, rel=0.05) and ramped == pytest.approx(full / 4, rel=0.05)
+    assert trainer.optimizer_steps == 1
+    resumed = GRPOTrainer(trainer.model, GRPOConfig(lr_warmup_steps=4), pad_id=0, lr=1e-2)
+    resumed.optimizer.load_state_dict(trainer.optimizer.state_dict())
+    rs = [rollout(trainer.model, [1, 2], [[3 + i, 4]], sample=i, reward=float(i % 2)) for i in range(4)]
+    assert resumed.step(rs)["lr"] == pytest.approx(1e-2 * 2 / 4)  # the ramp goes on where it was
+
+
 def test_minibatches_compute_old_logprobs_and_train() -> None:
     model = tiny_model()
     rs = [rollout(model, [1, 2], [[3 + i, 4]], sample=i, reward=float(i % 2)) for i in range(4)]
