@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--max-model-calls", type=int, default=6, help="the RL run's limit (benchmarks/rl_learning.py)")
     ap.add_argument("--max-tokens", type=int, default=192, help="tokens per model call (the RL run's)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--malformed-examples", type=int, default=0,
+                    help="keep this many rejected calls with the model output they came from (`malformed_examples`)")
     ap.add_argument("--name", default="rl_pass_at_k")
     args = ap.parse_args()
     if args.k < 1:
@@ -77,7 +79,7 @@ def main() -> None:
     import ray
 
     from agent.events import EVENT_ADAPTER
-    from rl.behaviour import malformed_reasons
+    from rl.behaviour import malformed_examples, malformed_reasons
     from rl.config import LimitsConfig
     from rl.rollout.driver import evaluate, load_split, sample_tasks
     from rl.types import Split
@@ -92,9 +94,13 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="rl-pass-at-k-")
     done = 0
     reasons: Counter[str] = Counter()
+    examples: list[dict[str, str]] = []
 
     def tally(r: Any) -> None:
-        reasons.update(malformed_reasons(EVENT_ADAPTER.validate_python(e) for e in r.events))
+        events = [EVENT_ADAPTER.validate_python(e) for e in r.events]
+        reasons.update(malformed_reasons(events))
+        if len(examples) < args.malformed_examples:
+            examples.extend(malformed_examples(events, args.malformed_examples - len(examples), task=r.task_id))
 
     def progress(n: int) -> None:
         nonlocal done
@@ -122,6 +128,7 @@ def main() -> None:
         "by_difficulty": by_group(tasks, sampled.per_task, "difficulty"),
         "infra_errors": sampled.infra_errors, "behaviour": sampled.behaviour,
         "malformed_reasons": dict(reasons.most_common(12)), "malformed_total": sum(reasons.values()),
+        "malformed_examples": examples,
     }
     if greedy is not None:
         result["greedy_pass_rate"] = greedy.pass_at_1

@@ -41,7 +41,7 @@ from typing import Any
 
 from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
 
-__all__ = ["MALFORMED_KINDS", "Behaviour", "behaviour", "malformed_kind", "malformed_reasons"]
+__all__ = ["MALFORMED_KINDS", "Behaviour", "behaviour", "malformed_examples", "malformed_kind", "malformed_reasons"]
 
 EDIT_TOOLS = frozenset({"edit_file", "write_file"})
 _GREP_ROW = re.compile(r"^(.+?)[:-](\d+)[:-] ")
@@ -167,4 +167,21 @@ def malformed_reasons(events: Iterable[Event], *, width: int = 80) -> Counter[st
         elif isinstance(e, ToolResultEvent) and e.call_id in rejected:
             first = (e.output.strip().splitlines() or [""])[0]
             out[_NUMBER.sub("N", _QUOTED.sub("'…'", first))[:width]] += 1
+    return out
+
+
+def malformed_examples(events: Iterable[Event], n: int, *, task: str = "", chars: int = 1200) -> list[dict[str, str]]:
+    """Up to ``n`` rejected calls of one rollout, each with its message's first line and the
+    model output of its step (the first ``chars`` characters): what the model actually wrote."""
+    evs = list(events)
+    outputs = {(e.turn, e.step): e.text for e in evs if isinstance(e, AssistantMessage)}
+    rejected = {e.call_id: (e.turn, e.step) for e in evs if isinstance(e, ToolCallStarted) and not e.valid}
+    out: list[dict[str, str]] = []
+    for e in evs:
+        if len(out) >= n:
+            break
+        if isinstance(e, ToolResultEvent) and e.call_id in rejected:
+            first = (e.output.strip().splitlines() or [""])[0]
+            out.append({"task": task, "kind": malformed_kind(e.output), "message": first,
+                        "output": outputs.get(rejected[e.call_id], "")[:chars]})
     return out

@@ -37,7 +37,7 @@ def test_pass_at_k_reports_the_curve_groups_and_greedy(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "rl_pass_at_k.py"), "--checkpoint", str(tmp_path / "ckpt"),
          "--tasks", str(tasks), "-k", "2", "--greedy", "--max-model-calls", "2", "--max-tokens", "16",
-         "--name", "rl_pass_at_k_smoke"],
+         "--malformed-examples", "2", "--name", "rl_pass_at_k_smoke"],
         cwd=ROOT, capture_output=True, text=True, timeout=280,
         env={**os.environ, "FLYWHEEL_BENCH_RESULTS": str(tmp_path / "results")})
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
@@ -53,6 +53,7 @@ def test_pass_at_k_reports_the_curve_groups_and_greedy(tmp_path: Path) -> None:
     # every rejected call of the sampled rollouts is tallied by kind
     assert result["malformed_total"] == round(result["behaviour"]["rollout_malformed_calls"] * 4)
     assert sum(result["malformed_reasons"].values()) <= result["malformed_total"]
+    assert len(result["malformed_examples"]) == min(2, result["malformed_total"])
 
 
 def test_pass_curve_uses_the_unbiased_estimator() -> None:

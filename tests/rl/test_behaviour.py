@@ -8,7 +8,7 @@ from agent.events import AssistantMessage, Event, FileEditEvent, ListSink, ToolC
 from agent.parser import encode_call as call
 from agent.policies.scripted import ScriptedPolicy
 from agent.session import Limits, Session
-from rl.behaviour import MALFORMED_KINDS, behaviour, malformed_reasons
+from rl.behaviour import MALFORMED_KINDS, behaviour, malformed_examples, malformed_reasons
 from tools.registry import default_tools
 from tools.workspace import WorkspaceStore
 
@@ -114,3 +114,8 @@ async def test_rejected_calls_of_a_real_session_are_sorted_into_kinds(tmp_path: 
     assert {k: m[f"malformed_{k}"] for k in MALFORMED_KINDS} == {
         "unclosed": 1, "syntax": 1, "unknown_tool": 1, "invalid_args": 1, "overflow": 0, "other": 0}
     assert sum(malformed_reasons(sink.events).values()) == 4
+    first, second = malformed_examples(sink.events, 2, task="t")
+    assert (first["kind"], second["kind"]) == ("unknown_tool", "invalid_args")
+    assert "reed_file" in first["output"] and first["output"] == second["output"]  # the model output of step 1
+    assert first["message"].startswith("unknown tool 'reed_file'") and first["task"] == "t"
+    assert len(malformed_examples(sink.events, 10)) == 4 and malformed_examples(sink.events, 0) == []
