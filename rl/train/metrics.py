@@ -68,6 +68,8 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("sampler/trainer |Δ logprob|", ("logprob_diff_mean", "logprob_diff_max", "kl_sampler_trainer")),
     ("importance weights clipped", ("tis_clipped_frac", "ppo_clipped_frac")),
     ("expert load balance (max/mean)", ("expert_balance",)),
+    ("KL to the start, per policy token (kl_coef > 0)", ("kl_ref",)),
+    ("learning rate (last step of the update)", ("lr",)),
     ("entropy", ("entropy",)),
     ("grad norm", ("grad_norm",)),
 )
