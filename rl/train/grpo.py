@@ -20,10 +20,12 @@ also noted where it happens below):
   every negative advantage after the baseline. Departure, off by default: with
   token-sum aggregation a group's failures push down every token they share with
   its successes (tool-call syntax included) in proportion to their length, and
-  failures that run to the call limit are the longest rows; on a small policy
-  the net push on shared tokens is negative whenever
-  ``neg_adv_scale * tokens(failures) > tokens(successes)`` (LOO advantages sum
-  to zero within a group). A scale below 1 keeps that net push positive; 0 is
+  failures that run to the call limit are the longest rows. For a token every
+  row uses at the same rate the net push is ``sum_i A_i * n_i`` (``n_i``: row
+  ``i``'s policy tokens), negative when ``neg_adv_scale * sum_failures |A_j| n_j
+  > sum_successes A_i n_i``; LOO advantages sum to zero within a group, so at
+  scale 1 that is whenever the failures are the longer rows. A scale below 1
+  keeps the push on shared tokens positive for longer failures; 0 is
   rejection-sampling fine-tuning on the better-than-baseline rollouts with
   GRPO's clip and TIS (cf. asymmetric REINFORCE, Arnal et al. 2025, which lowers
   the baseline for the same reason).
