@@ -21,8 +21,10 @@
 
 Trainer metrics (loss, entropy, grad norm, sampler/trainer Δ, TIS clipping,
 expert balance: :class:`rl.train.grpo.GRPOTrainer`) and the time split
-(``time_generation_s``, ``time_tools_s``, ``time_grading_s``, ``time_training_s``,
-``time_weight_sync_s``) are merged in by the loop.
+— wall clock per iteration: ``time_rollouts_s`` (all draws), ``time_training_s``,
+``time_weight_sync_s``, ``time_heldout_eval_s``; and ``time_generation_s``, ``time_tools_s``,
+``time_grading_s``, each *summed over the rollouts*, which run concurrently (so they add up to
+many times the wall clock and are plotted on a panel of their own) — are merged in by the loop.
 
 Not guaranteed: that a behaviour key exists (a producer that does not record
 ``blind_edits`` gives no ``blind_edit_rate``; the plot then omits that panel).
@@ -63,8 +65,9 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("share of rollouts ended by a limit", ("rollout_limit_max_steps", "rollout_limit_max_tokens",
                                            "rollout_limit_timeout")),
     ("rollout wall time (s)", ("rollout_wall_s_p50", "rollout_wall_s_p90", "rollout_wall_s_max")),
-    ("time split (s)", ("time_generation_s", "time_tools_s", "time_grading_s", "time_training_s",
-                        "time_weight_sync_s")),
+    ("iteration wall time split (s)", ("time_rollouts_s", "time_training_s", "time_weight_sync_s",
+                                       "time_heldout_eval_s")),
+    ("rollout time summed over concurrent rollouts (s)", ("time_generation_s", "time_tools_s", "time_grading_s")),
     ("sampler/trainer |Δ logprob|", ("logprob_diff_mean", "logprob_diff_max", "kl_sampler_trainer")),
     ("importance weights clipped", ("tis_clipped_frac", "ppo_clipped_frac")),
     ("expert load balance (max/mean)", ("expert_balance",)),
