@@ -15,8 +15,9 @@ sampling noise.
 Reported: pass@j for j = 1, 2, 4, ... up to k (the unbiased estimator of Chen et al., 2021, from
 the same k samples), per family and per difficulty, the greedy pass rate, the behaviour
 figures of the sampled rollouts, and what their rejected tool calls were told, by kind
-(``malformed_reasons``, the 12 most common: ``rl.behaviour.malformed_reasons``). Not guaranteed: the figures of one seed are estimates (32 tasks
-give a standard error of several points); the limits are the RL run's (``--max-model-calls``,
+(``malformed_reasons``, the 12 most common: ``rl.behaviour.malformed_reasons``; with
+``--malformed-examples N`` also N of them with the model output they came from). Not guaranteed:
+the figures of one seed are estimates (32 tasks give a standard error of several points); the limits are the RL run's (``--max-model-calls``,
 ``--max-tokens``), which the caller must keep equal to the run it compares with.
 """
 

@@ -159,15 +159,8 @@ def malformed_reasons(events: Iterable[Event], *, width: int = 80) -> Counter[st
     first line of each ``valid=False`` call's result with quoted text replaced by ``'…'`` and
     numbers by ``N``, cut at ``width`` characters (so "unknown tool 'reed_file'" and "unknown tool
     'raed'" are one kind). Not guaranteed: that two kinds never share a prefix of ``width``."""
-    rejected: set[str] = set()
-    out: Counter[str] = Counter()
-    for e in events:
-        if isinstance(e, ToolCallStarted) and not e.valid:
-            rejected.add(e.call_id)
-        elif isinstance(e, ToolResultEvent) and e.call_id in rejected:
-            first = (e.output.strip().splitlines() or [""])[0]
-            out[_NUMBER.sub("N", _QUOTED.sub("'…'", first))[:width]] += 1
-    return out
+    return Counter(_NUMBER.sub("N", _QUOTED.sub("'…'", _first_line(result.output)))[:width]
+                   for _, result in _rejected(events))
 
 
 def malformed_examples(events: Iterable[Event], n: int, *, task: str = "", chars: int = 1200) -> list[dict[str, str]]:
@@ -175,13 +168,22 @@ def malformed_examples(events: Iterable[Event], n: int, *, task: str = "", chars
     model output of its step (the first ``chars`` characters): what the model actually wrote."""
     evs = list(events)
     outputs = {(e.turn, e.step): e.text for e in evs if isinstance(e, AssistantMessage)}
-    rejected = {e.call_id: (e.turn, e.step) for e in evs if isinstance(e, ToolCallStarted) and not e.valid}
-    out: list[dict[str, str]] = []
-    for e in evs:
-        if len(out) >= n:
-            break
-        if isinstance(e, ToolResultEvent) and e.call_id in rejected:
-            first = (e.output.strip().splitlines() or [""])[0]
-            out.append({"task": task, "kind": malformed_kind(e.output), "message": first,
-                        "output": outputs.get(rejected[e.call_id], "")[:chars]})
+    return [{"task": task, "kind": malformed_kind(result.output), "message": _first_line(result.output),
+             "output": outputs.get((call.turn, call.step), "")[:chars]}
+            for call, result in _rejected(evs)[:n]]
+
+
+def _rejected(events: Iterable[Event]) -> list[tuple[ToolCallStarted, ToolResultEvent]]:
+    """Each rejected (``valid=False``) call with its result, in result order."""
+    calls: dict[str, ToolCallStarted] = {}
+    out = []
+    for e in events:
+        if isinstance(e, ToolCallStarted) and not e.valid:
+            calls[e.call_id] = e
+        elif isinstance(e, ToolResultEvent) and e.call_id in calls:
+            out.append((calls[e.call_id], e))
     return out
+
+
+def _first_line(text: str) -> str:
+    return (text.strip().splitlines() or [""])[0]

@@ -62,7 +62,7 @@ from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted
 from rl.types import GradeResult
 
 __all__ = ["EFFORT_CAP", "EFFORT_PER_CALL", "IDLE", "LIMIT", "MALFORMED_CAP", "MALFORMED_EACH", "MALFORMED_FIRST",
-           "LIMIT_REASONS", "UngradedError", "reward", "reward_from_counts"]
+           "LIMIT_REASONS", "UngradedError", "limit_shares", "reward", "reward_from_counts"]
 
 MALFORMED_FIRST = 0.15
 MALFORMED_EACH = 0.05
@@ -74,6 +74,12 @@ EFFORT_CAP = 0.2
 LIMIT_REASONS = frozenset({"max_steps", "max_tokens", "timeout"})
 
 assert MALFORMED_FIRST > IDLE > LIMIT and 1 - MALFORMED_CAP - LIMIT - EFFORT_CAP > 0
+
+
+def limit_shares(ended: str) -> dict[str, float]:
+    """``limit_<reason>``: 1.0 for the limit that ended a turn (``ended``: its end reason), 0.0 for
+    the others — per rollout; averaged over rollouts, the share each limit ended."""
+    return {f"limit_{reason}": float(ended == reason) for reason in sorted(LIMIT_REASONS)}
 
 
 class UngradedError(ValueError):

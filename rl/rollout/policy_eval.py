@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl.reward import LIMIT_REASONS
+from rl.reward import LIMIT_REASONS, limit_shares
 from rl.types import Rollout, RolloutStatus
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ async def _one(env: Any, base: Any, sample: int, openai: Any, limits: Any, sandb
                                 session_id=session_id, profile=policy.prompt_profile)
         outcome = await session.run_turn(env.request)
         # which limit ended it, as rl.rollout.worker records it (0/1 each)
-        rollout.metrics |= {f"limit_{reason}": float(outcome.reason == reason) for reason in sorted(LIMIT_REASONS)}
+        rollout.metrics |= limit_shares(outcome.reason)
         errors = sink.of_type(ErrorEvent)
         if outcome.reason == "completed":
             rollout.status = RolloutStatus.FINISHED

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from rl.reward import LIMIT_REASONS
+from rl.reward import LIMIT_REASONS, limit_shares
 from rl.types import Rollout, RolloutStatus, Segment
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class RolloutRunner:
             # which limit ended it (0/1 each; averaged: the share of rollouts cut by that limit). A
             # `timeout` share that grows with the batch says the clock, i.e. machine load, is cutting
             # rollouts rather than the policy's own call/token budget
-            **{f"limit_{reason}": float(ended == reason) for reason in sorted(LIMIT_REASONS)},
+            **limit_shares(ended),
         }
         if graded is not None:
             rollout.grade = graded[0]
