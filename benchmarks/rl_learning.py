@@ -281,6 +281,11 @@ def seed_result(seed: int, run: Path, name: str) -> dict[str, Any]:
     trained = [r for r in records if r["iteration"] > 0]
     return {"seed": seed, "sft": curve[0], "rl": curve[-1], "curve": curve, "iterations_done": len(trained),
             "iterations_stepped": sum(bool(r.get("stepped")) for r in trained),
+            # held-out pass@1 per task family at each evaluation (absent in runs before it)
+            "heldout_pass_at_1_by_family": [
+                {"iteration": r["iteration"]} | {k.removeprefix("heldout_pass_at_1_"): v for k, v in r.items()
+                                                 if k.startswith("heldout_pass_at_1_")}
+                for r in records if "heldout_pass_at_1" in r],
             "train_success_rate": [r.get("success_rate") for r in trained],
             "train_mean_reward": [r.get("mean_reward") for r in trained],
             "train_malformed_call_rate": [r.get("malformed_call_rate") for r in trained],

@@ -39,7 +39,7 @@ import asyncio
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -245,7 +245,8 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
 
     def evaluate_heldout(iteration: int) -> dict[str, float]:
         return heldout_metrics(source, [t.id for t in heldout], iteration=iteration, k=cfg.eval.k,
-                               temperature=cfg.eval.temperature, run_id=f"{cfg.name}/heldout")
+                               temperature=cfg.eval.temperature, run_id=f"{cfg.name}/heldout",
+                               families={t.id: t.family for t in heldout})
 
     status = "failed"
     try:
@@ -269,18 +270,21 @@ HELDOUT_KEYS = ("success_rate", "tokens_per_solved", "parallel_call_share", "bli
 
 
 def heldout_metrics(source: RaySource, task_ids: Sequence[str], *, iteration: int, k: int, temperature: float,
-                    run_id: str, batch_rollouts: int = 32) -> dict[str, float]:
+                    run_id: str, batch_rollouts: int = 32,
+                    families: Mapping[str, str] | None = None) -> dict[str, float]:
     """Held-out pass@1/pass@k and behaviour of the source's current weights, as ``heldout_*``
-    keys (the loop merges them into the iteration's record). Sampling seeds are disjoint from
+    keys (the loop merges them into the iteration's record), and with ``families`` (task id ->
+    family) pass@1 per family as ``heldout_pass_at_1_<family>``. Sampling seeds are disjoint from
     training's; the rollouts are persisted under ``run_id``."""
     rollouts: list[Rollout] = []
     per = max(1, batch_rollouts // k)
     for i in range(0, len(task_ids), per):
         rollouts += source.collect(task_ids[i: i + per], iteration=iteration, group_size=k, run_id=run_id,
                                    temperature=temperature, seed_offset=7_777_777 + i)
-    res = summarise(rollouts, k, "heldout")
+    res = summarise(rollouts, k, "heldout", families)
     out = {"heldout_pass_at_1": res.pass_at_1, f"heldout_pass_at_{k}": res.pass_at_k,
            "heldout_tasks": float(res.tasks)}
+    out |= {f"heldout_pass_at_1_{fam}": v["pass@1"] for fam, v in res.per_family.items()}
     out |= {f"heldout_{key}": float(res.behaviour[key]) for key in HELDOUT_KEYS if key in res.behaviour}
     return out
 
@@ -322,14 +326,19 @@ class EvalResult:
     tasks_short: int
     per_task: dict[str, dict[str, float]] = field(default_factory=dict)
     behaviour: dict[str, float] = field(default_factory=dict)  # rl.train.metrics.rollout_metrics
+    per_family: dict[str, dict[str, float]] = field(default_factory=dict)  # family: tasks, pass@1, pass@k
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def summarise(rollouts: Sequence[Rollout], k: int, split: str) -> EvalResult:
+def summarise(rollouts: Sequence[Rollout], k: int, split: str,
+              families: Mapping[str, str] | None = None) -> EvalResult:
     """pass@1 / pass@k over tasks (INFRA_ERROR samples excluded and counted; a task left with
-    fewer than ``k`` scored samples is estimated from what it has and counted in ``tasks_short``)."""
+    fewer than ``k`` scored samples is estimated from what it has and counted in ``tasks_short``).
+    With ``families`` (task id -> family) also the mean per family (``per_family``); a task
+    missing from it counts under ``"unknown"``. Each family's mean is over its own tasks only:
+    with a few tasks a family its standard error is large (not reported here)."""
     from rl.train.metrics import rollout_metrics
 
     by_task: dict[str, list[Rollout]] = {}
@@ -346,9 +355,17 @@ def summarise(rollouts: Sequence[Rollout], k: int, split: str) -> EvalResult:
                              f"pass@{k}": pass_at_k(n, c, min(k, n)) if n else 0.0}
     p1 = sum(t["pass@1"] for t in per_task.values()) / max(1, len(per_task))
     pk = sum(t[f"pass@{k}"] for t in per_task.values()) / max(1, len(per_task))
+    per_family: dict[str, dict[str, float]] = {}
+    if families is not None:
+        grouped: dict[str, list[dict[str, float]]] = {}
+        for task_id, t in per_task.items():
+            grouped.setdefault(families.get(task_id, "unknown"), []).append(t)
+        per_family = {fam: {"tasks": float(len(ts)), "pass@1": sum(t["pass@1"] for t in ts) / len(ts),
+                            f"pass@{k}": sum(t[f"pass@{k}"] for t in ts) / len(ts)}
+                      for fam, ts in sorted(grouped.items())}
     return EvalResult(split, k, len(per_task), p1, pk,
                       sum(r.status is RolloutStatus.INFRA_ERROR for r in rollouts), short, per_task,
-                      rollout_metrics(rollouts))
+                      rollout_metrics(rollouts), per_family)
 
 
 def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, openai: Any = None,
@@ -379,7 +396,7 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
                 on_rollout(r)
         if progress is not None:
             progress(len(rollouts))
-        return summarise(rollouts, k, split)
+        return summarise(rollouts, k, split, {t.id: t.family for t in tasks})
     import ray
 
     from rl.rollout.cluster import init_ray
@@ -402,7 +419,7 @@ def evaluate(tasks: Sequence[Task], *, k: int, checkpoint: Path | None = None, o
         source.close()
         if started:
             ray.shutdown()
-    return summarise(rollouts, k, split)
+    return summarise(rollouts, k, split, {t.id: t.family for t in tasks})
 
 
 def run_training(cfg: RunConfig, *, resume: bool = True,

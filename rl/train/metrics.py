@@ -39,6 +39,8 @@ from pathlib import Path
 from typing import Any
 
 from rl.behaviour import MALFORMED_KINDS
+from rl.tasks.families import FAMILIES
+from rl.tasks.realcode import REALCODE
 from rl.types import Rollout, RolloutStatus
 
 __all__ = ["PLOTS", "SFT_PLOTS", "append_metrics", "percentile", "plot_metrics", "read_metrics", "rollout_metrics"]
@@ -53,6 +55,7 @@ _RATIOS = {  # name: (numerator key, denominator key) of Rollout.metrics
 PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys drawn on it
     ("success rate", ("success_rate", "heldout_success_rate")),
     ("held-out pass@1", ("heldout_pass_at_1",)),
+    ("held-out pass@1 by task family", tuple(f"heldout_pass_at_1_{f}" for f in (*FAMILIES, REALCODE))),
     ("mean reward", ("mean_reward",)),
     ("tokens per solved task", ("tokens_per_solved", "heldout_tokens_per_solved")),
     ("tool calls per model call", ("tool_calls_per_model_call", "heldout_tool_calls_per_model_call")),

@@ -73,3 +73,27 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="differs from the one this start was trained on"):
         rl_learning.adopt_start(args, saved, tmp_path / "fourth")
     assert not (tmp_path / "fourth" / "sft").exists()  # nothing adopted
+
+
+def test_seed_result_reads_the_heldout_curve_and_its_families(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """``seed_result`` (also ``--report-only``'s reader): the held-out curve at each evaluation and
+    the per-family pass@1 the driver records (``heldout_pass_at_1_<family>``)."""
+    rl_learning = _module()
+    monkeypatch.setattr(rl_learning, "DOCS", tmp_path / "docs")
+    (tmp_path / "docs").mkdir()
+    run = tmp_path / "run0"
+    run.mkdir()
+    recs = [{"iteration": 0, "heldout_pass_at_1": 0.25, "heldout_pass_at_1_fix_bug": 0.5,
+             "heldout_pass_at_1_rename": 0.0},
+            {"iteration": 1, "success_rate": 0.1, "stepped": True},
+            {"iteration": 2, "success_rate": 0.2, "stepped": False, "heldout_pass_at_1": 0.5,
+             "heldout_pass_at_1_fix_bug": 0.75, "heldout_pass_at_1_rename": 0.25}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    (run / "curves.png").write_bytes(b"png")
+    res = rl_learning.seed_result(0, run, "t")
+    assert [p["pass_at_1"] for p in res["curve"]] == [0.25, 0.5] and res["rl"]["pass_at_1"] == 0.5
+    assert res["iterations_done"] == 2 and res["iterations_stepped"] == 1
+    assert res["heldout_pass_at_1_by_family"] == [{"iteration": 0, "fix_bug": 0.5, "rename": 0.0},
+                                                  {"iteration": 2, "fix_bug": 0.75, "rename": 0.25}]
+    assert (tmp_path / "docs" / "t_seed0_metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()

@@ -76,6 +76,22 @@ def test_pass_at_k_estimator() -> None:
     res = summarise(rs, 2, "heldout")
     assert res.pass_at_1 == pytest.approx(0.5) and res.pass_at_k == 1.0
     assert res.infra_errors == 1 and res.tasks_short == 0
+    assert res.per_family == {}  # no family map given
+
+
+def test_summarise_per_family() -> None:
+    def r(task: str, g: int, ok: bool) -> Rollout:
+        return Rollout("r", 0, task, g, RolloutStatus.FINISHED, reward=float(ok), reward_terms={"success": float(ok)})
+
+    rs = [r("a", 0, True), r("a", 1, False), r("b", 0, False), r("b", 1, False), r("c", 0, True), r("c", 1, True),
+          r("d", 0, True), r("d", 1, False)]
+    res = summarise(rs, 2, "heldout", {"a": "fix_bug", "b": "fix_bug", "c": "rename"})
+    assert res.per_family["fix_bug"] == {"tasks": 2.0, "pass@1": 0.25, "pass@2": 0.5}
+    assert res.per_family["rename"] == {"tasks": 1.0, "pass@1": 1.0, "pass@2": 1.0}
+    assert res.per_family["unknown"]["tasks"] == 1.0  # "d" has no family: counted, not dropped
+    # the families partition the tasks: their task-weighted mean is the overall pass@1
+    total = sum(v["tasks"] * v["pass@1"] for v in res.per_family.values()) / res.tasks
+    assert total == pytest.approx(res.pass_at_1)
 
 
 def test_eval_an_openai_compatible_model_through_the_runtime(tasks: Path, capsys: pytest.CaptureFixture[str],

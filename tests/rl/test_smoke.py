@@ -34,7 +34,7 @@ from rl.tasks.build import build_task_set
 from rl.tasks.spec import load_tasks
 from rl.train.checkpoints import latest_checkpoint
 from rl.train.cli import _cmd_sft
-from rl.types import Rollout, RolloutStatus
+from rl.types import Rollout, RolloutStatus, Split
 from tests.agent.model.test_engine import tiny_tokenizer
 from tools.sandbox import make_sandbox
 
@@ -159,6 +159,9 @@ def test_smoke_flywheel_rl_train_cli_records_the_run_in_the_session_log(
         recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         assert [r["iteration"] for r in recs] == [0, 1]
         assert all(0.0 <= r["heldout_pass_at_1"] <= 1.0 and r["heldout_tasks"] == 1 for r in recs)
+        # the one held-out task's family carries the same pass@1 (rl.rollout.driver.heldout_metrics)
+        family = next(t.family for t in load_tasks(tasks) if t.split is Split.HELDOUT)
+        assert all(r[f"heldout_pass_at_1_{family}"] == r["heldout_pass_at_1"] for r in recs)
     finally:
         db.close()
 
