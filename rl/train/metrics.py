@@ -43,7 +43,8 @@ from rl.tasks.families import FAMILIES
 from rl.tasks.realcode import REALCODE
 from rl.types import Rollout, RolloutStatus
 
-__all__ = ["PLOTS", "SFT_PLOTS", "append_metrics", "percentile", "plot_metrics", "read_metrics", "rollout_metrics"]
+__all__ = ["PLOTS", "SFT_PLOTS", "append_metrics", "percentile", "plot_metrics", "read_metrics", "rollout_metrics",
+           "wide_range"]
 
 _RATIOS = {  # name: (numerator key, denominator key) of Rollout.metrics
     "tool_calls_per_model_call": ("tool_calls", "model_calls"),
@@ -142,6 +143,17 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def wide_range(series: Sequence[Sequence[float]], ratio: float = 100.0) -> bool:
+    """Whether a panel's series differ in size so much that a linear axis flattens the small ones:
+    all values >= 0 and the largest series maximum more than ``ratio`` times the smallest nonzero
+    one (series that are all 0 do not count)."""
+    maxima = [max(ys) for ys in series if ys]
+    if not maxima or min(min(ys) for ys in series if ys) < 0:
+        return False
+    nonzero = [m for m in maxima if m > 0]
+    return len(nonzero) >= 2 and max(nonzero) > ratio * min(nonzero)
+
+
 def plot_panels(records: Sequence[dict[str, Any]],
                 plots: Sequence[tuple[str, Sequence[str]]] = PLOTS) -> list[tuple[str, list[str]]]:
     """The panels of ``plots`` that ``records`` have data for, each with its keys that do."""
@@ -165,12 +177,15 @@ def plot_metrics(records: Iterable[dict[str, Any]], out_png: str | Path, *, x_ke
     n = len(panels)
     cols = 3
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    # constrained layout keeps the suptitle clear of the first row's titles (tight_layout did not)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False, layout="constrained")
     for ax, (t, keys) in zip(axes.flat, panels, strict=False):
-        for k in keys:
-            pts = [(r[x_key], r[k]) for r in recs if k in r and x_key in r]
+        series = {k: [(r[x_key], r[k]) for r in recs if k in r and x_key in r] for k in keys}
+        for k, pts in series.items():
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", markersize=3, label=k)
+        if wide_range([[y for _, y in pts] for pts in series.values()]):
+            ax.set_yscale("symlog", linthresh=1.0)  # e.g. generation time summed over rollouts vs grading time
         ax.set_title(t, fontsize=9)
         ax.set_xlabel(x_key, fontsize=8)
         if len(keys) > 1:
@@ -179,7 +194,6 @@ def plot_metrics(records: Iterable[dict[str, Any]], out_png: str | Path, *, x_ke
         ax.axis("off")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
     out = Path(out_png)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=80)

@@ -14,6 +14,7 @@ from rl.train.metrics import (
     plot_panels,
     read_metrics,
     rollout_metrics,
+    wide_range,
 )
 from rl.types import GradeResult, Rollout, RolloutStatus, Segment
 
@@ -66,3 +67,15 @@ def test_the_sft_curve_has_its_own_panels_and_a_blank_figure_is_refused(tmp_path
     with pytest.raises(ValueError, match="nothing to plot"):
         plot_metrics(curve, tmp_path / "blank.png")
     assert not (tmp_path / "blank.png").exists()
+
+
+def test_a_panel_whose_series_differ_by_orders_of_magnitude_gets_a_log_axis(tmp_path: Path) -> None:
+    # generation time summed over 64 concurrent rollouts vs grading time: linear flattens grading to 0
+    assert wide_range([[13_000.0, 17_500.0], [40.0, 55.0], [0.0, 0.0]])
+    assert not wide_range([[0.12, 0.14], [0.08, 0.1]])  # rates of one size stay linear
+    assert not wide_range([[2.5, 1.4], [0.0, 0.0]])  # an all-zero series is no reason
+    assert not wide_range([[-1.0, 500.0], [1.0, 2.0]])  # negative values: never a log axis
+    assert not wide_range([[], [3.0]])
+    png = plot_metrics([{"iteration": i, "time_generation_s": 15_000.0 + i, "time_grading_s": 20.0 + i}
+                        for i in range(3)], tmp_path / "t.png", title="t")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
