@@ -145,13 +145,14 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 def wide_range(series: Sequence[Sequence[float]], ratio: float = 100.0) -> bool:
     """Whether a panel's series differ in size so much that a linear axis flattens the small ones:
-    all values >= 0 and the largest series maximum more than ``ratio`` times the smallest nonzero
-    one (series that are all 0 do not count)."""
+    all values >= 0, the largest series maximum more than ``ratio`` times the smallest nonzero
+    one (series that are all 0 do not count) and above 1 (the symlog axis it gets is linear below 1,
+    so it would only change the tick labels)."""
     maxima = [max(ys) for ys in series if ys]
     if not maxima or min(min(ys) for ys in series if ys) < 0:
         return False
     nonzero = [m for m in maxima if m > 0]
-    return len(nonzero) >= 2 and max(nonzero) > ratio * min(nonzero)
+    return len(nonzero) >= 2 and max(nonzero) > max(1.0, ratio * min(nonzero))
 
 
 def plot_panels(records: Sequence[dict[str, Any]],

@@ -76,6 +76,7 @@ def test_a_panel_whose_series_differ_by_orders_of_magnitude_gets_a_log_axis(tmp_
     assert not wide_range([[2.5, 1.4], [0.0, 0.0]])  # an all-zero series is no reason
     assert not wide_range([[-1.0, 500.0], [1.0, 2.0]])  # negative values: never a log axis
     assert not wide_range([[], [3.0]])
+    assert not wide_range([[3e-5, 1e-5], [1e-9, 2e-9]])  # below the symlog threshold: nothing to gain
     png = plot_metrics([{"iteration": i, "time_generation_s": 15_000.0 + i, "time_grading_s": 20.0 + i}
                         for i in range(3)], tmp_path / "t.png", title="t")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
