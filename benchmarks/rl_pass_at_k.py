@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +47,11 @@ def pass_curve(per_task: dict[str, dict[str, float]], k: int) -> dict[str, float
 
 def by_group(tasks: list[Any], per_task: dict[str, dict[str, float]], key: str) -> dict[str, dict[str, float]]:
     """pass@1 and the count of tasks solved at least once, per family or difficulty."""
-    groups: dict[str, list[dict[str, float]]] = defaultdict(list)
-    for t in tasks:
-        if t.id in per_task:
-            groups[str(getattr(t, key))].append(per_task[t.id])
+    from rl.rollout.driver import group_per_task
+
+    groups = group_per_task(per_task, {t.id: str(getattr(t, key)) for t in tasks})
     return {g: {"tasks": len(v), "pass@1": statistics.fmean(x["pass@1"] for x in v),
-                "solved_at_least_once": sum(x["correct"] > 0 for x in v)} for g, v in sorted(groups.items())}
+                "solved_at_least_once": sum(x["correct"] > 0 for x in v)} for g, v in groups.items()}
 
 
 def main() -> None:

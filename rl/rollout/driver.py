@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from rl.tasks.spec import Task
     from rl.train.loop import LoopResult
 
-__all__ = ["DriverError", "EvalResult", "RaySource", "TaskEnv", "evaluate", "load_split", "pass_at_k",
+__all__ = ["DriverError", "EvalResult", "RaySource", "TaskEnv", "evaluate", "group_per_task", "load_split", "pass_at_k",
            "run_eval", "run_training", "score", "train"]
 
 
@@ -332,6 +332,16 @@ class EvalResult:
         return {k: v for k, v in self.__dict__.items()}
 
 
+def group_per_task(per_task: Mapping[str, dict[str, float]], group_of: Mapping[str, str]
+                   ) -> dict[str, list[dict[str, float]]]:
+    """``per_task`` results (:attr:`EvalResult.per_task`) grouped by ``group_of[task id]`` (a family,
+    a difficulty), groups sorted; a task missing from ``group_of`` goes to ``"unknown"``."""
+    grouped: dict[str, list[dict[str, float]]] = {}
+    for task_id, t in per_task.items():
+        grouped.setdefault(group_of.get(task_id, "unknown"), []).append(t)
+    return dict(sorted(grouped.items()))
+
+
 def summarise(rollouts: Sequence[Rollout], k: int, split: str,
               families: Mapping[str, str] | None = None) -> EvalResult:
     """pass@1 / pass@k over tasks (INFRA_ERROR samples excluded and counted; a task left with
@@ -355,14 +365,9 @@ def summarise(rollouts: Sequence[Rollout], k: int, split: str,
                              f"pass@{k}": pass_at_k(n, c, min(k, n)) if n else 0.0}
     p1 = sum(t["pass@1"] for t in per_task.values()) / max(1, len(per_task))
     pk = sum(t[f"pass@{k}"] for t in per_task.values()) / max(1, len(per_task))
-    per_family: dict[str, dict[str, float]] = {}
-    if families is not None:
-        grouped: dict[str, list[dict[str, float]]] = {}
-        for task_id, t in per_task.items():
-            grouped.setdefault(families.get(task_id, "unknown"), []).append(t)
-        per_family = {fam: {"tasks": float(len(ts)), "pass@1": sum(t["pass@1"] for t in ts) / len(ts),
-                            f"pass@{k}": sum(t[f"pass@{k}"] for t in ts) / len(ts)}
-                      for fam, ts in sorted(grouped.items())}
+    per_family = {fam: {"tasks": float(len(ts)), "pass@1": sum(t["pass@1"] for t in ts) / len(ts),
+                        f"pass@{k}": sum(t[f"pass@{k}"] for t in ts) / len(ts)}
+                  for fam, ts in group_per_task(per_task, families).items()} if families is not None else {}
     return EvalResult(split, k, len(per_task), p1, pk,
                       sum(r.status is RolloutStatus.INFRA_ERROR for r in rollouts), short, per_task,
                       rollout_metrics(rollouts), per_family)

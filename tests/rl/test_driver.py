@@ -109,6 +109,7 @@ def test_eval_an_openai_compatible_model_through_the_runtime(tasks: Path, capsys
     assert rc == 0, out.err
     res = json.loads(out.out.strip().splitlines()[-1])
     assert res["tasks"] == 1 and res["pass_at_1"] == 1.0 and res["infra_errors"] == 0, res
+    assert res["per_family"] == {task.family: {"tasks": 1.0, "pass@1": 1.0}}  # k=1; the docs' claim
     # the model saw the production prompt: the runtime's system prompt and the task's request
     msgs = server.requests[0]["body"]["messages"]
     assert msgs[0]["role"] == "system" and task.request in msgs[-1]["content"]

@@ -80,3 +80,10 @@ def test_a_panel_whose_series_differ_by_orders_of_magnitude_gets_a_log_axis(tmp_
     png = plot_metrics([{"iteration": i, "time_generation_s": 15_000.0 + i, "time_grading_s": 20.0 + i}
                         for i in range(3)], tmp_path / "t.png", title="t")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_key_ending_in_a_star_is_every_recorded_key_with_that_prefix() -> None:
+    recs = [{"iteration": 0, "heldout_pass_at_1": 0.5, "heldout_pass_at_1_rename": 0.0,
+             "heldout_pass_at_1_fix_bug": 1.0}, {"iteration": 1, "heldout_pass_at_1_zeta": 0.5}]
+    assert plot_panels(recs, [("by family", ("heldout_pass_at_1_*",)), ("none", ("absent_*",))]) == [
+        ("by family", ["heldout_pass_at_1_fix_bug", "heldout_pass_at_1_rename", "heldout_pass_at_1_zeta"])]
