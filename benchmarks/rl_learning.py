@@ -118,7 +118,8 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
     (root / "sft.json").write_text(json.dumps({"sft": {
         "lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": args.sft_steps, "eval_every": 50,
         "patience": args.sft_patience, "demos_per_task": 1, "renamings": args.sft_renamings,
-        "edit_context": args.sft_edit_context, "copy_weight": args.sft_copy_weight}}))
+        "edit_context": args.sft_edit_context, "copy_weight": args.sft_copy_weight,
+        "shell_share": args.sft_shell_share}}))
     rc = _cmd_sft(argparse.Namespace(tasks=tasks_file, init=init, out=sft, config=root / "sft.json",
                                      seed=sft_seed))
     if rc != 0:
@@ -222,7 +223,7 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
             "sft": {"lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": 0, "eval_every": 50,
                     "patience": args.sft_patience, "demos_per_task": 1, "renamings": args.sft_renamings,
                     "edit_context": args.sft_edit_context, "copy_weight": args.sft_copy_weight,
-                    "dagger_rounds": args.dagger_rounds,
+                    "shell_share": args.sft_shell_share, "dagger_rounds": args.dagger_rounds,
                     "dagger_tasks": args.dagger_tasks, "dagger_heldout_tasks": 64,
                     "dagger_max_steps": args.dagger_steps},
             "limits": {"max_model_calls": args.max_model_calls,
@@ -395,6 +396,9 @@ def main() -> None:
                     help="SFT evaluations (every 50 steps) without a new best before stopping; the copying "
                          "plateau lasts ~1,000 steps (docs/rl/README.md, sixth run), so 4 stopped inside it")
     ap.add_argument("--sft-copy-weight", type=float, default=1.0, help="sft.copy_weight (rl.train.copy_tokens)")
+    ap.add_argument("--sft-shell-share", type=float, default=0.0,
+                    help="sft.shell_share: the share of rename demonstrations done with one sed command "
+                         "(rl.train.demos, the shell style) instead of one edit_file per file")
     ap.add_argument("--dagger-rounds", type=int, default=0,
                     help="DAgger rounds after SFT: the SFT model's own rollouts relabelled by the scripted solver")
     ap.add_argument("--dagger-tasks", type=int, default=400, help="SFT-train tasks per DAgger round")
@@ -472,6 +476,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "sft_edit_context": args.sft_edit_context,
                                                                  "sft_patience": args.sft_patience,
                                                                  "sft_copy_weight": args.sft_copy_weight,
+                                                                 "sft_shell_share": args.sft_shell_share,
                                                                  "dagger_rounds": args.dagger_rounds,
                                                                  "dagger_tasks": args.dagger_tasks,
                                                                  "dagger_steps": args.dagger_steps,

@@ -11,7 +11,12 @@ measurable):
 * ``search`` — a ``grep`` for the first changed line's identifier, then reads, edits, tests;
 * ``blind`` — edit before reading; with ``fail_blind`` the first edit's ``search`` text is
   wrong (as a model that guessed the file would write it), the edit fails, and the transcript
-  recovers: read, correct edit, tests.
+  recovers: read, correct edit, tests;
+* ``shell`` — only for a task whose whole change is one shell command (:func:`shell_edit_for`:
+  a rename is ``sed -i 's/OLD/NEW/g' PKG/*.py``, a find-and-change a ``grep -rl | xargs sed``):
+  half the time a ``grep`` for the name first,
+  then the command through ``run_command``, then the tests. Not one of the uniformly drawn
+  :data:`STYLES`: :func:`record_task_demos` uses it for a ``shell_share`` of such tasks.
 
 A :class:`DemoTask` is the minimum a demonstration needs (request, files, edits, test command);
 :func:`demo_task_from_patch` builds one from a task's unified-diff reference patch (the form
@@ -23,6 +28,7 @@ recoveries are real data too).
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import keyword
 import random
 import re
@@ -42,9 +48,9 @@ if TYPE_CHECKING:
     from tools.protocols import Sandbox, Workspace
 
 __all__ = ["DemoSet", "DemoTask", "Edit", "STYLES", "demo_segments", "demo_task_from_patch", "grep_pattern",
-           "record_demo", "record_task_demos", "scripted_outputs", "tighten"]
+           "record_demo", "record_task_demos", "scripted_outputs", "shell_edit_for", "tighten"]
 
-Style = Literal["parallel", "sequential", "search", "blind"]
+Style = Literal["parallel", "sequential", "search", "blind", "shell"]
 STYLES: tuple[Style, ...] = ("parallel", "sequential", "search", "blind")
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{2,}")
@@ -58,6 +64,7 @@ class DemoTask:
     test_command: str
     extra_reads: tuple[str, ...] = ()  # files worth reading besides the edited ones (the failing test)
     grep_hint: str | None = None  # what the ``search`` style greps for (default: grep_pattern(edits[0]))
+    shell_edit: str | None = None  # the whole change as one shell command (the ``shell`` style), if it is one
 
     @property
     def paths(self) -> list[str]:
@@ -137,6 +144,11 @@ def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_b
     elif style == "search":
         pattern = task.grep_hint or grep_pattern(task.edits[0])
         out = [encode_call("grep", {"pattern": pattern}), "\n".join(_read(p) for p in task.paths), fix, test]
+    elif style == "shell":
+        if task.shell_edit is None:
+            raise ValueError(f"{task.task_id}: the shell style needs a task whose change is one command (shell_edit)")
+        out = [encode_call("grep", {"pattern": task.grep_hint or grep_pattern(task.edits[0])})] if rng.random() < 0.5 else []
+        out += [encode_call("run_command", {"command": task.shell_edit}), test]
     elif style == "blind":
         out = []
         if fail_blind:
@@ -228,7 +240,7 @@ class DemoSet:
 
 def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: PromptProfile,
                       sandbox: Sandbox | None, store: WorkspaceStore, max_len: int, per_task: int = 1,
-                      seed: int = 0, renamings: int = 0, tight: bool = True,
+                      seed: int = 0, renamings: int = 0, tight: bool = True, shell_share: float = 0.0,
                       progress: Callable[[], None] | None = None) -> DemoSet:
     """``per_task`` demonstrations of each task, each in a style drawn from
     ``random.Random(f"{seed}:{task.id}:{k}")`` (uniform over :data:`STYLES`; a blind one fails
@@ -240,8 +252,10 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
     (:mod:`rl.train.rename`: the task's names consistently replaced by fresh ones, checked against
     the regenerated task; a task that cannot be renamed safely gets none and is counted in
     ``rename_refused``). ``tight`` shrinks every edit to its changed lines plus the context that
-    makes its ``search`` unique (:mod:`rl.train.tight_edits`). Not guaranteed: that every
-    demonstration's tests pass (see the module docstring)."""
+    makes its ``search`` unique (:mod:`rl.train.tight_edits`). ``shell_share``: the share of the
+    demonstrations of a task with a one-command form (:func:`shell_edit_for`) recorded in the
+    ``shell`` style instead of the drawn one (drawn after it, so 0 leaves every other draw as it
+    was). Not guaranteed: that every demonstration's tests pass (see the module docstring)."""
     import asyncio
 
     from rl.tasks.workspaces import materialise
@@ -253,6 +267,7 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
         try:
             demo_task = demo_task_from_patch(task.id, task.request, task.reference_patch,
                                              task.grader.agent_command, extra_reads=task.grader.test_files)
+            demo_task = dataclasses.replace(demo_task, shell_edit=shell_edit_for(task))
         except ValueError:
             out.no_patch += 1
             continue
@@ -262,7 +277,9 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
                 demo_task = tighten(demo_task, lambda p: base.read_bytes(p).decode())
             for k in range(per_task):
                 rng = random.Random(f"{seed}:{task.id}:{k}")
-                style = rng.choice(STYLES)
+                style: Style = rng.choice(STYLES)
+                if demo_task.shell_edit is not None and shell_share > 0 and rng.random() < shell_share:
+                    style = "shell"
                 ws = base.fork()
                 try:
                     demo = asyncio.run(record_demo(demo_task, style, ws, sandbox, profile=profile,
@@ -313,4 +330,42 @@ def tighten(task: DemoTask, read: Callable[[str], str]) -> DemoTask:
         edits += tighten_edit(text, e)
         current[e.path] = text.replace(e.search, e.replace, 1) if occurs_once(text, e.search) else text
     return DemoTask(task.task_id, task.request, tuple(edits), task.test_command, task.extra_reads,
-                    grep_hint=task.grep_hint or grep_pattern(task.edits[0]))
+                    grep_hint=task.grep_hint or grep_pattern(task.edits[0]), shell_edit=task.shell_edit)
+
+
+def shell_edit_for(task: Task) -> str | None:
+    """The task's whole reference change as one shell command, where its family has one; None
+    for every other task:
+
+    * ``rename`` (metadata ``old``/``new``, every edited file in one package directory):
+      ``sed -i 's/OLD/NEW/g' PKG/*.py``;
+    * ``find_change`` (metadata ``constant``, the new value from the reference patch):
+      ``grep -rl '^NAME = ' . | xargs sed -i 's/^NAME = .*/NAME = VALUE/'`` — it finds the file itself.
+
+    Plain substitutions, not word-bounded ones: GNU sed's ``\\b`` would glue to the name
+    (``\\bOLD``) and hide it from the renaming augmentation (:mod:`rl.train.rename`), which
+    replaces whole words only. Not guaranteed: that the command equals the reference patch when
+    another name contains OLD (the generator's two-word names make that rare; the demonstration
+    then fails its tests and is recorded as such)."""
+    meta = task.metadata if isinstance(task.metadata, dict) else {}
+    ok = re.compile(r"[A-Za-z0-9_]+")
+    if task.family == "rename":
+        old, new = meta.get("old"), meta.get("new")
+        dirs = {p.rsplit("/", 1)[0] if "/" in p else "." for p in _patched_paths(task.reference_patch)}
+        if not isinstance(old, str) or not isinstance(new, str) or len(dirs) != 1 \
+                or not all(ok.fullmatch(x) for x in (old, new, *dirs)):
+            return None
+        return f"sed -i 's/{old}/{new}/g' {dirs.pop()}/*.py"
+    if task.family == "find_change":
+        name = meta.get("constant")
+        if not isinstance(name, str) or not ok.fullmatch(name):
+            return None
+        value = re.search(rf"^\+{name} = (-?\d+)$", task.reference_patch, re.M)
+        if value is None:
+            return None
+        return f"grep -rl '^{name} = ' . | xargs sed -i 's/^{name} = .*/{name} = {value.group(1)}/'"
+    return None
+
+
+def _patched_paths(patch: str) -> list[str]:
+    return [line[6:].strip() for line in patch.splitlines() if line.startswith("+++ b/")]

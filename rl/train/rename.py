@@ -52,7 +52,7 @@ _FIXED = frozenset(_LETTERS.findall(
     "the tests pass. Done: the change is made and the tests pass. That edit did not match; reading the file. "
     "guessed Ran test tests in OK FAILED failures errors error exit code status stdout stderr Traceback most "
     "recent call last File line module AssertionError ImportError ModuleNotFoundError NameError "
-    "AttributeError SyntaxError ERROR FAIL python python3 unittest discover true false none null"))
+    "AttributeError SyntaxError ERROR FAIL python python3 unittest discover true false none null sed py"))
 _CHAT_START = "<|user|>"
 _POOL_SET = frozenset(TRAIN_WORDS)
 

@@ -26,7 +26,8 @@ from agent.session import Limits
 from rl.tasks.build import make_task
 from rl.tasks.spec import Task
 from rl.tasks.workspaces import materialise
-from rl.train.demos import STYLES, DemoTask, Demonstration, demo_segments, demo_task_from_patch, record_demo
+from rl.train.demos import (STYLES, DemoTask, Demonstration, demo_segments, demo_task_from_patch, record_demo,
+                            shell_edit_for)
 from rl.types import Segment, Split
 from tools.protocols import Workspace
 from tools.sandbox import Sandbox, make_sandbox, probe_bwrap
@@ -162,3 +163,61 @@ def test_demo_segments_refuses_a_prompt_that_does_not_extend_the_previous_one(ta
         demo_segments(demo, tok)
     ids = scripted_output_ids("reading", tok)
     assert output_tail(tok, ids, "reading") == "\n<|end|>" and ids[-1] == tok.end_id
+
+
+@pytest.mark.parametrize("family", ["fix_bug", "implement_stub"])
+def test_a_fix_or_a_stub_has_no_one_command_form(family: str) -> None:
+    assert shell_edit_for(make_task(family, Split.TRAIN, 3, 2)) is None
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize("split", [Split.TRAIN, Split.HELDOUT])
+@pytest.mark.parametrize("family", ["rename", "find_change"])
+async def test_a_one_command_form_passes_its_grader(family: str, split: Split, sandbox: Sandbox,
+                                                    tmp_path: Path) -> None:
+    """``shell_edit_for`` is the reference solution as one command: run in the sandbox on the task's
+    start, the task's own grader passes, at every difficulty."""
+    from rl.tasks.grading import grade, grader_sandbox
+    from tools.sandbox import SandboxLimits
+
+    store = WorkspaceStore(tmp_path / "store")
+    for seed, difficulty in [(1, 1), (2, 2), (3, 3), (4, 3)]:
+        task = make_task(family, split, seed, difficulty)
+        command = shell_edit_for(task)
+        if family == "rename":
+            assert command == f"sed -i 's/{task.metadata['old']}/{task.metadata['new']}/g' " + \
+                task.request.split(" package")[0].rsplit(" ", 1)[-1] + "/*.py"
+        else:
+            name, value = task.metadata["constant"], task.request.rsplit(" ", 1)[-1].rstrip(".")
+            assert command == f"grep -rl '^{name} = ' . | xargs sed -i 's/^{name} = .*/{name} = {value}/'"
+        ws = materialise(task, store)
+        try:
+            assert not (await grade(task, ws, grader_sandbox())).passed  # fails at the start
+            res = await sandbox.run(command, ws.root, SandboxLimits(timeout_s=30))
+            assert res.exit_code == 0, res.output
+            assert (await grade(task, ws, grader_sandbox())).passed, (task.id, command)
+        finally:
+            ws.delete()
+
+
+@pytest.mark.sandbox
+def test_the_shell_style_renames_with_one_command_and_passes(sandbox: Sandbox, tmp_path: Path) -> None:
+    """``record_task_demos(shell_share=1)``: every rename and find-and-change demonstration is the shell
+    style (a grep half the time, the one command, the tests), whose tests pass; a fix keeps its drawn style."""
+    from rl.train.demos import record_task_demos
+
+    tasks = ([make_task("rename", Split.TRAIN, s, 1 + s % 3) for s in range(3)]
+             + [make_task("find_change", Split.TRAIN, s, 1 + s % 3) for s in range(2)]
+             + [make_task("fix_bug", Split.TRAIN, 1, 1)])
+    tok = _tokenizer(tasks[0])
+    out = record_task_demos(tasks, tok, profile=profile_named("compact"), sandbox=sandbox,
+                            store=WorkspaceStore(tmp_path / "store"), max_len=100_000, shell_share=1.0)
+    assert out.styles.get("shell") == 5 and sum(out.styles.values()) == 6
+    for ex, task in zip(out.examples[:5], tasks, strict=False):
+        text = tok.decode([t for s in ex for t in s.token_ids]).split("<|user|>", 1)[1]
+        assert "sed -i" in text and "edit_file" not in text
+        verdict = text.rsplit("<|assistant|>", 1)[0][-200:]  # the tests' result, before the answer
+        assert "OK" in verdict and "FAILED" not in verdict, (task.id, verdict)
+    baseline = record_task_demos(tasks, tok, profile=profile_named("compact"), sandbox=sandbox,
+                                 store=WorkspaceStore(tmp_path / "store2"), max_len=100_000)
+    assert "shell" not in baseline.styles and sum(baseline.styles.values()) == 6

@@ -13,7 +13,7 @@ from rl.tasks.families import generate, patch_between
 from rl.tasks.spec import GeneratedSource, Task
 from rl.tasks.vocab import HELDOUT_WORDS
 from rl.tasks.workspaces import materialise
-from rl.train.demos import DemoTask, demo_task_from_patch, record_demo
+from rl.train.demos import DemoTask, demo_task_from_patch, record_demo, shell_edit_for
 from rl.train.rename import apply_renaming, rename_demo, renamed_words, renaming_for
 from rl.types import Split
 from tools.sandbox import Sandbox, make_sandbox, probe_bwrap
@@ -68,6 +68,7 @@ def sandbox() -> Sandbox:
 def _renamed_task(task: Task, mapping: dict[str, str]) -> Task:
     d = generate(task.family, task.split, task.seed, task.difficulty, words=renamed_words(mapping))
     return task.model_copy(update={"request": d.request, "source": GeneratedSource(files=d.files),
+                                   "metadata": task.metadata | d.metadata,
                                    "reference_patch": patch_between(d.files, d.solution),
                                    "grader": task.grader.model_copy(update={"test_files": d.test_files})})
 
@@ -79,7 +80,7 @@ async def _demo(task: Task, style: str, sandbox: Sandbox, root: Path):  # type: 
                                 extra_reads=[p for p in task.grader.test_files if p != "tests/__init__.py"])
     # unittest prints its run time; keep only its verdict so that two runs compare equal
     demo = DemoTask(demo.task_id, demo.request, demo.edits, demo.test_command + " 2>&1 | tail -n 1",
-                    demo.extra_reads)
+                    demo.extra_reads, shell_edit=shell_edit_for(task))
     base = materialise(task, WorkspaceStore(root))
     ws = base.fork()
     try:
@@ -104,3 +105,22 @@ async def test_a_renamed_demonstration_is_what_the_runtime_records_for_the_renam
     assert renamed.outputs == real.outputs
     assert [p.text for p in renamed.prompts] == [p.text for p in real.prompts]
     assert renamed.prompts[0].text != original.prompts[0].text
+
+
+@pytest.mark.sandbox
+async def test_a_renamed_shell_demonstration_renames_the_command_too(sandbox: Sandbox, tmp_path: Path) -> None:
+    """The ``sed`` command of a rename task's shell-style demonstration is renamed with the rest: the
+    renamed transcript is what the runtime records for the renamed task, and it passes there too."""
+    task = next(t for seed in range(20) if renaming_for(t := make_task("rename", Split.TRAIN, seed, 2),
+                                                         random.Random(seed)) is not None)
+    mapping = renaming_for(task, random.Random(task.seed))
+    assert mapping is not None
+    original = await _demo(task, "shell", sandbox, tmp_path / "a")
+    real = await _demo(_renamed_task(task, mapping), "shell", sandbox, tmp_path / "b")
+    renamed = rename_demo(original, mapping)
+    assert any("sed -i" in o for o in renamed.outputs)
+    assert renamed.outputs == real.outputs
+    assert [p.text for p in renamed.prompts] == [p.text for p in real.prompts]
+    assert task.metadata["old"] not in "".join(renamed.outputs)
+    verdict = real.prompts[-1].text[-200:]  # the last tool result: the tests' verdict line
+    assert "OK" in verdict and "FAILED" not in verdict, verdict
