@@ -174,7 +174,7 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
     (dest / "start.json").write_text(json.dumps({
         "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
         "preset": args.preset, "copy_head": args.copy_head, "tasks_sha256": _sha256(root / "tasks.jsonl"),
-        "dagger_rounds": args.dagger_rounds}, indent=2) + "\n")
+        "dagger_rounds": args.dagger_rounds, "sft_shell_share": args.sft_shell_share}, indent=2) + "\n")
     if (root / "dagger_done.json").exists():
         shutil.copy(root / "dagger_done.json", dest / "dagger_done.json")
 
