@@ -252,7 +252,7 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
     try:
         res = run_loop(cfg, model=model, tokenizer=tok, profile=profile, task_ids=[t.id for t in tasks],
                        source=source, resume=resume, stop_after=stop_after, progress=on_iteration,
-                       evaluate=evaluate_heldout if heldout else None)
+                       evaluate=evaluate_heldout if heldout else None, families={t.id: t.family for t in tasks})
         status = "finished" if res.iterations_done >= cfg.iterations else "stopped"
         return res
     finally:

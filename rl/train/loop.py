@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -92,7 +92,8 @@ def next_tasks(task_ids: Sequence[str], n: int, *, seed: int, order: list[str], 
 def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_ids: Sequence[str],
              source: RolloutSource, resume: bool = True, stop_after: int | None = None,
              progress: Callable[[dict[str, Any]], None] | None = None,
-             evaluate: Callable[[int], dict[str, float]] | None = None) -> LoopResult:
+             evaluate: Callable[[int], dict[str, float]] | None = None,
+             families: Mapping[str, str] | None = None) -> LoopResult:
     """Train ``model`` for ``cfg.iterations`` iterations (or stop after ``stop_after`` more).
 
     ``progress`` is called with each iteration's record (the CLI draws its bar from it).
@@ -104,6 +105,8 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
     ``heldout_*``) runs when ``cfg.eval.every`` > 0: before the first iteration of a fresh run
     (a record of its own, ``iteration`` 0) and after every ``cfg.eval.every``-th iteration and
     the last, merged into that iteration's record. Its results never feed the update.
+    ``families`` (task id -> family) adds each iteration's training success per family
+    (:func:`rl.train.metrics.rollout_metrics`); measured only, like the rest of the record.
     """
     import numpy as np
     import torch
@@ -187,7 +190,7 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
             t = time.perf_counter()
             held = {**evaluate(state.iteration), "time_heldout_eval_s": time.perf_counter() - t}
         record = {"iteration": state.iteration, "weights_version": state.weights_version, "tasks": len(tasks),
-                  **rollout_metrics(rollouts), **train_m,
+                  **rollout_metrics(rollouts, families=families), **train_m,
                   "time_rollouts_s": t1 - t0, "time_training_s": t2 - t1, "time_weight_sync_s": (t3 - t2) + sync_s,
                   **timing, **held}
         sync_s = 0.0

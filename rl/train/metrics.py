@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("success rate", ("success_rate", "heldout_success_rate")),
     ("held-out pass@1", ("heldout_pass_at_1",)),
     ("held-out pass@1 by task family", ("heldout_pass_at_1_*",)),  # whichever families the split has
+    ("training success by task family", ("success_rate_*",)),
     ("mean reward", ("mean_reward",)),
     ("tokens per solved task", ("tokens_per_solved", "heldout_tokens_per_solved")),
     ("tool calls per model call", ("tool_calls_per_model_call", "heldout_tool_calls_per_model_call")),
@@ -95,8 +96,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def rollout_metrics(rollouts: Sequence[Rollout], *, prefix: str = "") -> dict[str, float]:
-    """One iteration's rollout aggregates (see the module docstring); keys get ``prefix``."""
+def rollout_metrics(rollouts: Sequence[Rollout], *, prefix: str = "",
+                    families: Mapping[str, str] | None = None) -> dict[str, float]:
+    """One iteration's rollout aggregates (see the module docstring); keys get ``prefix``. With
+    ``families`` (task id -> family) also ``success_rate_<family>`` over the scored rollouts of each
+    family drawn (a task missing from it counts as ``unknown``); a family with no rollout this
+    iteration has no key, so its curve has gaps, not zeros."""
     out: dict[str, float] = {"rollouts": float(len(rollouts))}
     for status in RolloutStatus:
         out[f"status_{status.value}"] = float(sum(r.status is status for r in rollouts))
@@ -104,6 +109,12 @@ def rollout_metrics(rollouts: Sequence[Rollout], *, prefix: str = "") -> dict[st
     if scored:
         solved = [r for r in scored if r.grade is not None and r.grade.passed]
         out["success_rate"] = len(solved) / len(scored)
+        if families is not None:
+            by_family: dict[str, list[bool]] = {}
+            for r in scored:
+                by_family.setdefault(families.get(r.task_id, "unknown"), []).append(
+                    r.grade is not None and r.grade.passed)
+            out |= {f"success_rate_{f}": sum(v) / len(v) for f, v in sorted(by_family.items())}
         rewards = [r.reward for r in scored if r.reward is not None]
         if rewards:
             out["mean_reward"] = sum(rewards) / len(rewards)

@@ -162,6 +162,11 @@ def test_smoke_flywheel_rl_train_cli_records_the_run_in_the_session_log(
         # the one held-out task's family carries the same pass@1 (rl.rollout.driver.heldout_metrics)
         family = next(t.family for t in load_tasks(tasks) if t.split is Split.HELDOUT)
         assert all(r[f"heldout_pass_at_1_{family}"] == r["heldout_pass_at_1"] for r in recs)
+        # training success per family: the two trained tasks' families, partitioning the iteration's rollouts
+        trained = {t.family for t in load_tasks(tasks) if t.split is Split.TRAIN}
+        per_family = {k: v for k, v in recs[1].items() if k.startswith("success_rate_")}
+        assert per_family and {k.removeprefix("success_rate_") for k in per_family} <= trained
+        assert min(per_family.values()) <= recs[1]["success_rate"] <= max(per_family.values())
     finally:
         db.close()
 

@@ -39,6 +39,19 @@ def test_rollout_aggregates_are_ratios_of_sums_and_exclude_infra_errors() -> Non
     assert "malformed_call_rate" not in m  # no producer recorded malformed_calls
 
 
+def test_training_success_per_family_partitions_the_scored_rollouts() -> None:
+    import dataclasses
+
+    rs = [dataclasses.replace(_r(p), task_id=t) for p, t in
+          [(True, "a1"), (False, "a1"), (False, "b1"), (False, "b2"), (True, "c9")]]
+    rs.append(dataclasses.replace(_r(True, status=RolloutStatus.INFRA_ERROR), task_id="b1"))
+    m = rollout_metrics(rs, families={"a1": "rename", "b1": "fix_bug", "b2": "fix_bug"})
+    assert m["success_rate_rename"] == 0.5 and m["success_rate_fix_bug"] == 0.0  # the infra error is not scored
+    assert m["success_rate_unknown"] == 1.0  # c9 is in no family
+    assert m["success_rate"] == pytest.approx(2 / 5)
+    assert not any(k.startswith("success_rate_") for k in rollout_metrics(rs))  # only with families
+
+
 def test_percentile() -> None:
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([0.0, 10.0], 90) == 9.0
 
