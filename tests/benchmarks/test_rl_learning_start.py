@@ -37,7 +37,8 @@ def _module() -> ModuleType:
 
 def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     rl_learning = _module()
-    args = argparse.Namespace(n_train=4, n_heldout=2, data_seed=0, preset="tiny", dagger_rounds=0, copy_head=False)
+    args = argparse.Namespace(n_train=4, n_heldout=2, data_seed=0, preset="tiny", dagger_rounds=0, copy_head=False,
+                              sft_shell_share=0.5)
     root = tmp_path / "first" / "start0"
     root.mkdir(parents=True)
     summary = asyncio.run(build_task_set(rl_learning.FAMILIES, 4, 2, 0, root / "tasks.jsonl", sandbox=make_sandbox()))
@@ -53,6 +54,7 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     rl_learning.save_start(args, root, root / "sft", saved)
     assert sorted(p.name for p in (saved / "sft").iterdir()) == sorted(rl_learning.START_FILES)
     assert not (saved / "tasks.jsonl").exists()  # rebuilt from the recipe, not stored
+    assert json.loads((saved / "start.json").read_text())["sft_shell_share"] == 0.5  # the recipe keeps it
 
     again = tmp_path / "second" / "start0"
     again.mkdir(parents=True)
