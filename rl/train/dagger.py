@@ -29,6 +29,15 @@ Departures and what is NOT guaranteed:
 * The expert's view of the files is rebuilt from the rollout's events: successful ``edit_file``
   and ``write_file`` calls replayed on the start files with ``edit_file``'s exactly-once rule.
   A ``run_command`` that changes files (``sed -i``) is not seen.
+* A ``run_command`` other than the task's test command, its one-command form
+  (``DemoTask.shell_edit``) or a read-only pipeline (grep, ls, cat, ...; no redirection) may have
+  changed files the expert cannot replay (``sed -i`` with another pattern): the rest of that
+  rollout gets no labels (``RelabelStats.unknown_state``). The one-command form itself is assumed
+  to leave the solution files (the demonstrations' tests check that it passes the grader, not that
+  it equals the reference patch byte for byte: :func:`rl.train.demos.shell_edit_for`).
+* With ``shell_share`` > 0 the expert of a task that has a one-command form uses it, in that share
+  of rollouts (one draw per rollout), for as long as nothing has changed — the demonstrations'
+  ``shell`` style; otherwise, and once a file differs from its start, it reads and edits.
 * A file counts as read only after a successful ``read_file`` of exactly its path (``./`` and
   redundant separators normalised); a grep hit does not count.
 * Rollouts whose sampled segments do not line up with their ``assistant_message`` events are
@@ -38,8 +47,10 @@ Departures and what is NOT guaranteed:
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -52,7 +63,7 @@ from rl.types import Segment
 if TYPE_CHECKING:
     from rl.types import Rollout
 
-__all__ = ["ExpertState", "RelabelStats", "expert_next", "relabel", "solution_files"]
+__all__ = ["ExpertState", "RelabelStats", "expert_next", "observe", "read_only_command", "relabel", "solution_files"]
 
 _SAY = ("Let me look at the code first.", "I'll inspect the relevant files.", "Checking the code.")
 _ANSWER = ("The fix is in and the tests pass.", "Done: the change is made and the tests pass.")
@@ -65,6 +76,9 @@ class ExpertState:
     files: dict[str, str]  # the current text of every file the fix touches
     read: set[str] = field(default_factory=set)  # paths read successfully so far
     tested: bool = False  # the test command ran (successfully dispatched) since the last change
+    shell: bool = False  # this rollout's expert uses the task's one-command form while nothing has changed
+    changed: bool = False  # some change was replayed (an edit, a write, the one command)
+    unknown: bool = False  # a command may have changed files in a way the expert cannot replay
 
 
 def solution_files(task: DemoTask, start: dict[str, str]) -> dict[str, str]:
@@ -78,8 +92,12 @@ def solution_files(task: DemoTask, start: dict[str, str]) -> dict[str, str]:
 def expert_next(task: DemoTask, solution: dict[str, str], state: ExpertState, rng: random.Random) -> str | None:
     """The scripted solver's next output from ``state`` (see the module docstring); ``None`` when
     no ``edit_file`` can express the repair (a file the model emptied)."""
+    if state.unknown:
+        return None
     todo = [p for p in solution if state.files[p] != solution[p]]
     if todo:
+        if state.shell and task.shell_edit is not None and not state.changed:
+            return encode_call("run_command", {"command": task.shell_edit})
         unread = [p for p in todo if p not in state.read]
         if unread:
             return rng.choice(_SAY) + "\n" + "\n".join(encode_call("read_file", {"path": p}) for p in unread)
@@ -102,6 +120,7 @@ class RelabelStats:
     unaligned: int = 0  # rollouts skipped: sampled segments and assistant messages differ
     too_long: int = 0  # examples longer than the model's context
     no_label: int = 0  # model calls the expert had no output for
+    unknown_state: int = 0  # model calls after a command the expert cannot replay (no label)
     agreed: int = 0  # examples whose label is exactly what the model sampled
 
 
@@ -110,11 +129,39 @@ def _norm(path: Any) -> str:
     return p[2:] if p.startswith("./") else p
 
 
-def _apply(state: ExpertState, started: dict[str, Any], results: dict[str, Any], test_command: str) -> None:
-    """Replay one call on ``state`` (``started``/``results``: its tool_call_started / tool_result events)."""
-    if not results.get("ok") or not started.get("valid", True):
+_READ_ONLY = frozenset({"grep", "rg", "ls", "cat", "find", "head", "tail", "wc", "sort", "uniq", "echo", "pwd"})
+
+
+def read_only_command(command: str) -> bool:
+    """A pipeline of read-only programs without redirection, ``-exec`` or ``-delete`` (a
+    conservative test: anything else may write files)."""
+    if re.search(r"[<>`]|\$\(|-exec|-delete|-fprint", command):
+        return False
+    stages = [s.strip() for s in re.split(r"\|\||&&|[|;&]", command)]
+    return all(s and s.split()[0] in _READ_ONLY for s in stages)
+
+
+def observe(state: ExpertState, task: DemoTask, solution: dict[str, str], started: dict[str, Any],
+            results: dict[str, Any]) -> None:
+    """Replay one call on ``state`` (``started``/``results``: its tool_call_started / tool_result
+    events; see the module docstring for what is not seen)."""
+    if not started.get("valid", True):
         return
     name, args = started.get("name"), started.get("args") or {}
+    if name == "run_command":
+        command = str(args.get("command", "")).strip()
+        if command == task.test_command.strip():
+            state.tested = state.tested or bool(results.get("ok"))
+        elif task.shell_edit is not None and command == task.shell_edit.strip():
+            if results.get("ok"):
+                state.files, state.changed, state.tested = dict(solution), True, False
+            else:  # it may have run part way
+                state.unknown = True
+        elif not read_only_command(command):
+            state.unknown = True
+        return
+    if not results.get("ok"):
+        return
     path = _norm(args.get("path", ""))
     if name == "read_file":
         state.read.add(path)
@@ -123,18 +170,17 @@ def _apply(state: ExpertState, started: dict[str, Any], results: dict[str, Any],
         text = state.files[path]
         if search and text.count(search) >= 1:
             state.files[path] = text.replace(search, replace, 1)
-            state.tested = False
+            state.tested, state.changed = False, True
     elif name == "write_file" and path in state.files:
         state.files[path] = str(args.get("content", ""))
-        state.tested = False
-    elif name == "run_command" and str(args.get("command", "")).strip() == test_command.strip():
-        state.tested = True
+        state.tested, state.changed = False, True
 
 
 def relabel(rollout: Rollout, task: DemoTask, start: dict[str, str], tokenizer: Any, *, max_len: int,
-            rng: random.Random, stats: RelabelStats | None = None) -> list[list[Segment]]:
+            rng: random.Random, stats: RelabelStats | None = None, shell_share: float = 0.0) -> list[list[Segment]]:
     """One example per model call of ``rollout`` (see the module docstring). ``start``: the
-    starting text of every file ``task`` edits."""
+    starting text of every file ``task`` edits; ``shell_share``: the chance that this rollout's
+    expert uses the task's one-command form."""
     from agent.policies.tito import scripted_output_ids
 
     stats = stats if stats is not None else RelabelStats()
@@ -152,11 +198,14 @@ def relabel(rollout: Rollout, task: DemoTask, start: dict[str, str], tokenizer: 
     started = {e["call_id"]: e for e in events if e.get("type") == "tool_call_started"}
     results = {e["call_id"]: e for e in events if e.get("type") == "tool_result"}
     solution = solution_files(task, start)
-    state = ExpertState(files={p: start[p] for p in solution})
+    state = ExpertState(files={p: start[p] for p in solution},
+                        shell=task.shell_edit is not None and shell_share > 0 and rng.random() < shell_share)
     out: list[list[Segment]] = []
     for message, seg_i in zip(messages, sampled, strict=True):
         label = expert_next(task, solution, state, rng)
-        if label is None:
+        if state.unknown:
+            stats.unknown_state += 1
+        elif label is None:
             stats.no_label += 1
         else:
             ids = scripted_output_ids(label, tokenizer)
@@ -170,12 +219,13 @@ def relabel(rollout: Rollout, task: DemoTask, start: dict[str, str], tokenizer: 
         step = message.get("step")
         calls = sorted((e for e in started.values() if e.get("step") == step), key=lambda e: e.get("index", 0))
         for call in calls:
-            _apply(state, call, results.get(call["call_id"], {}), task.test_command)
+            observe(state, task, solution, call, results.get(call["call_id"], {}))
     return out
 
 
 def relabel_all(rollouts: Sequence[Rollout], demo_task_for: Callable[[str], tuple[DemoTask, dict[str, str]] | None],
-                tokenizer: Any, *, max_len: int, seed: int = 0) -> tuple[list[list[Segment]], RelabelStats]:
+                tokenizer: Any, *, max_len: int, seed: int = 0,
+                shell_share: float = 0.0) -> tuple[list[list[Segment]], RelabelStats]:
     """:func:`relabel` over ``rollouts``; ``demo_task_for(task_id)`` gives a task's tight
     :class:`DemoTask` and start files (``None``: no editable patch; the rollout is skipped).
     Infrastructure-error rollouts are skipped (their states are not the model's)."""
@@ -190,7 +240,7 @@ def relabel_all(rollouts: Sequence[Rollout], demo_task_for: Callable[[str], tupl
         if got is None:
             continue
         out += relabel(r, got[0], got[1], tokenizer, max_len=max_len,
-                       rng=random.Random(f"{seed}:{r.task_id}:{r.sample}"), stats=stats)
+                       rng=random.Random(f"{seed}:{r.task_id}:{r.sample}"), stats=stats, shell_share=shell_share)
     return out, stats
 
 
@@ -198,7 +248,7 @@ def demo_tasks(tasks: Sequence[Any], store: Any, *, tight: bool = True) -> dict[
     """Each task's :class:`DemoTask` (tightened when ``tight``) and the start text of the files it
     edits; tasks whose reference patch no ``edit_file`` can express are left out."""
     from rl.tasks.workspaces import materialise
-    from rl.train.demos import demo_task_from_patch, tighten
+    from rl.train.demos import demo_task_from_patch, shell_edit_for, tighten
 
     out: dict[str, tuple[DemoTask, dict[str, str]]] = {}
     for task in tasks:
@@ -207,6 +257,7 @@ def demo_tasks(tasks: Sequence[Any], store: Any, *, tight: bool = True) -> dict[
                                         extra_reads=task.grader.test_files)
         except ValueError:
             continue
+        demo = dataclasses.replace(demo, shell_edit=shell_edit_for(task))
         base = materialise(task, store)
         try:
             start = {p: base.read_bytes(p).decode() for p in dict.fromkeys(e.path for e in demo.edits)}
@@ -230,11 +281,12 @@ class RoundResult:
 def dagger_round(checkpoint: Any, train_tasks: Sequence[Any], held_tasks: Sequence[Any],
                  demos: dict[str, tuple[DemoTask, dict[str, str]]], tokenizer: Any, *, max_len: int,
                  samples: int, limits: Any, max_tokens: int, store_root: Any, seed: int,
-                 sandbox_extra_ro: Sequence[Any] = (),
+                 sandbox_extra_ro: Sequence[Any] = (), shell_share: float = 0.0,
                  progress: Callable[[int], None] | None = None) -> RoundResult:
     """Free-running rollouts of ``checkpoint`` on both task lists (``rl.rollout.driver.evaluate``:
     Ray workers, the production runtime, temperature 1; an in-memory log: these are training
-    data, not a run), each relabelled by :func:`relabel`. ``stats``: the share of rollouts
+    data, not a run), each relabelled by :func:`relabel` (``shell_share``: its expert's share of
+    one-command forms). ``stats``: the share of rollouts
     solved (the model's own free-running success on these tasks), examples, agreement."""
     from rl.rollout.driver import evaluate
     from rl.rollout.log import MemoryRolloutLog
@@ -248,14 +300,19 @@ def dagger_round(checkpoint: Any, train_tasks: Sequence[Any], held_tasks: Sequen
                  temperature=1.0, max_tokens=max_tokens, store_root=store_root, seed=seed, run_id="dagger",
                  on_rollout=got.append, progress=progress, sandbox_extra_ro=sandbox_extra_ro)
         mine = got[before:]
-        examples, st = relabel_all(mine, demos.get, tokenizer, max_len=max_len, seed=seed)
+        examples, st = relabel_all(mine, demos.get, tokenizer, max_len=max_len, seed=seed, shell_share=shell_share)
         sets.append(examples)
         graded = [r for r in mine if r.grade is not None]
         stats |= {f"{name}_rollouts": float(len(mine)),
                   f"{name}_solved": sum(bool(r.grade.passed) for r in graded) / max(1, len(graded)),
                   f"{name}_examples": float(st.examples),
                   f"{name}_agreed": st.agreed / max(1, st.examples),
+                  f"{name}_unknown_state": float(st.unknown_state),
                   f"{name}_unaligned": float(st.unaligned), f"{name}_too_long": float(st.too_long)}
+        family = {t.id: getattr(t, "family", "unknown") for t in tasks}
+        for fam in sorted(set(family.values())):
+            mine_f = [r for r in graded if family.get(r.task_id) == fam]
+            stats[f"{name}_solved_{fam}"] = sum(bool(r.grade.passed) for r in mine_f) / max(1, len(mine_f))
     return RoundResult(sets[0], sets[1], stats)
 
 
@@ -302,7 +359,7 @@ def run_dagger(model: Any, tokenizer: Any, profile: Any, train_tasks: Sequence[A
                 rr = dagger_round(ckpt, tr, he, demos, tokenizer, max_len=model.cfg.max_seq_len,
                                   samples=cfg.dagger_samples, limits=run_cfg.limits.to_limits(),
                                   max_tokens=run_cfg.rollout.max_tokens_per_call, store_root=work / f"ws{r + 1}",
-                                  seed=seed * 1000 + r, progress=bar.update,
+                                  seed=seed * 1000 + r, progress=bar.update, shell_share=cfg.shell_share,
                                   sandbox_extra_ro=agent_sandbox_paths([*tr, *he], run_cfg.rollout.sandbox_extra_ro))
             finally:
                 bar.close()

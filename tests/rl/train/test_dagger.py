@@ -17,7 +17,7 @@ from rl.rollout.taskenv import TaskEnv
 from rl.rollout.worker import RolloutJob, RolloutRunner, WorkerConfig
 from rl.tasks.build import make_task
 from rl.tasks.spec import GeneratedSource
-from rl.train.dagger import ExpertState, RelabelStats, expert_next, relabel, solution_files
+from rl.train.dagger import ExpertState, RelabelStats, expert_next, observe, read_only_command, relabel, solution_files
 from rl.train.demos import DemoTask, Edit
 from rl.types import RolloutStatus, Split
 from tools.sandbox import probe_bwrap
@@ -106,3 +106,88 @@ async def test_a_real_rollout_is_relabelled_call_by_call_on_the_consumed_prefix(
         assert ex[1].token_ids[-1] == tok.end_id
     assert examples[3][1].token_ids == scripted_output_ids(outputs[3], tok)
     assert stats.agreed == 2  # the right edit and the test command are what the solver would send
+
+
+SHELL_TASK = DemoTask("t", "set LIMIT to 60", (Edit("m.py", "LIMIT = 61\n", "LIMIT = 60\n"),), "python -m unittest",
+                      shell_edit="grep -rl '^LIMIT = ' . | xargs sed -i 's/^LIMIT = .*/LIMIT = 60/'")
+
+
+def _started(name: str, **args: str) -> dict[str, object]:
+    return {"name": name, "args": args, "valid": True}
+
+
+def test_the_shell_expert_sends_the_one_command_then_tests() -> None:
+    solution = solution_files(SHELL_TASK, {"m.py": "LIMIT = 61\n"})
+    state = ExpertState(files={"m.py": "LIMIT = 61\n"}, shell=True)
+    assert expert_next(SHELL_TASK, solution, state, random.Random(0)) == encode_call(
+        "run_command", {"command": SHELL_TASK.shell_edit})
+    observe(state, SHELL_TASK, solution, _started("run_command", command=SHELL_TASK.shell_edit or ""), {"ok": True})
+    assert state.files == solution and state.changed and not state.unknown
+    assert expert_next(SHELL_TASK, solution, state, random.Random(0)) == encode_call(
+        "run_command", {"command": "python -m unittest"})
+    # the edit-style expert of the same task reads first; so does the shell expert once a file changed
+    plain = ExpertState(files={"m.py": "LIMIT = 61\n"})
+    assert _kind(expert_next(SHELL_TASK, solution, plain, random.Random(0))) == "read_file"
+    edited = ExpertState(files={"m.py": "LIMIT = 62\n"}, shell=True, changed=True)
+    assert _kind(expert_next(SHELL_TASK, solution, edited, random.Random(0))) == "read_file"
+
+
+def test_a_command_the_expert_cannot_replay_ends_its_labels() -> None:
+    solution = solution_files(SHELL_TASK, {"m.py": "LIMIT = 61\n"})
+    state = ExpertState(files={"m.py": "LIMIT = 61\n"})
+    observe(state, SHELL_TASK, solution, _started("run_command", command="grep -rn LIMIT . | head -5"), {"ok": True})
+    assert not state.unknown  # read-only: still labelled
+    observe(state, SHELL_TASK, solution, _started("run_command", command="sed -i 's/LIMIT/LIM/' m.py"), {"ok": True})
+    assert state.unknown and expert_next(SHELL_TASK, solution, state, random.Random(0)) is None
+    # the one command, failed part way, is not replayed either
+    failed = ExpertState(files={"m.py": "LIMIT = 61\n"})
+    observe(failed, SHELL_TASK, solution, _started("run_command", command=SHELL_TASK.shell_edit or ""), {"ok": False})
+    assert failed.unknown and failed.files == {"m.py": "LIMIT = 61\n"}
+
+
+@pytest.mark.parametrize(("command", "read_only"), [
+    ("grep -rn name .", True), ("grep -rl x . | sort | head -3", True), ("ls pkg && cat pkg/a.py", True),
+    ("sed -i 's/a/b/' x.py", False), ("grep -rl x . | xargs sed -i 's/x/y/'", False), ("cat a > b", False),
+    ("find . -name '*.py' -delete", False), ("echo $(rm -rf x)", False), ("python -c 'print(1)'", False), ("", False),
+])
+def test_read_only_command(command: str, read_only: bool) -> None:
+    assert read_only_command(command) is read_only
+
+
+@pytest.mark.sandbox
+async def test_a_real_rename_rollout_is_relabelled_with_the_one_command(tmp_path: Path) -> None:
+    reason = probe_bwrap()
+    if reason is not None:
+        pytest.skip(f"bubblewrap is not usable here: {reason}")
+    task = make_task("rename", Split.TRAIN, 5, 1)
+    assert isinstance(task.source, GeneratedSource)
+    from rl.train.dagger import demo_tasks
+    from tools.workspace import WorkspaceStore
+
+    demo, start = demo_tasks([task], WorkspaceStore(tmp_path / "demos"))[task.id]
+    assert demo.shell_edit is not None and demo.shell_edit.startswith("sed -i ")
+    old = task.metadata["old"]
+    # a model that greps for the name, runs the one command with the name cut short, then answers
+    outputs = [encode_call("grep", {"pattern": old}),
+               encode_call("run_command", {"command": demo.shell_edit.replace(old, old[:-1], 1)}),
+               encode_call("run_command", {"command": demo.test_command}), "Done."]
+    tok = train_tokenizer([t * 10 for t in task.source.files.values()] + [task.request * 10], 600)
+    runner = RolloutRunner(WorkerConfig(store_root=str(tmp_path / "store"), limits=Limits(max_steps=8)),
+                           ScriptedCompleter(outputs, tok), tok, profile_named("compact"))
+    try:
+        rollout = await runner.run_one(RolloutJob(TaskEnv(task), "r", 0, 0, seed=1))
+    finally:
+        runner.close()
+    assert rollout.status is RolloutStatus.FINISHED, rollout.detail
+
+    stats = RelabelStats()
+    examples = relabel(rollout, demo, start, tok, max_len=100_000, rng=random.Random(0), stats=stats, shell_share=1.0)
+    labels = [tok.decode(ex[1].token_ids) for ex in examples]
+    # both calls before the wrong command are labelled with the one command; after it the expert
+    # cannot know the files, so the test run and the answer get no label
+    assert labels == [outputs[1].replace(old[:-1], old, 1) + "\n<|end|>"] * 2
+    assert labels[0] == encode_call("run_command", {"command": demo.shell_edit}) + "\n<|end|>"
+    assert stats.unknown_state == 2 and stats.examples == 2
+    # with no shell share the same states are labelled by reading the files
+    plain = relabel(rollout, demo, start, tok, max_len=100_000, rng=random.Random(0), shell_share=0.0)
+    assert _kind(tok.decode(plain[0][1].token_ids)) == "read_file"
