@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.model.tokenizer import train_tokenizer
+from agent.model.tokenizer import Tokenizer, train_tokenizer
 from agent.parser import encode_call
 from agent.policies.tito import ScriptedCompleter, scripted_output_ids
 from agent.prompt import profile_named
@@ -16,10 +16,10 @@ from agent.session import Limits
 from rl.rollout.taskenv import TaskEnv
 from rl.rollout.worker import RolloutJob, RolloutRunner, WorkerConfig
 from rl.tasks.build import make_task
-from rl.tasks.spec import GeneratedSource
+from rl.tasks.spec import GeneratedSource, Task
 from rl.train.dagger import ExpertState, RelabelStats, expert_next, observe, read_only_command, relabel, solution_files
 from rl.train.demos import DemoTask, Edit
-from rl.types import RolloutStatus, Split
+from rl.types import Rollout, RolloutStatus, Split
 from tools.sandbox import probe_bwrap
 
 SRC = "def f(x):\n    return x * 61\n"
@@ -60,17 +60,38 @@ def test_the_expert_repairs_a_wrong_edit_from_the_file_as_the_model_left_it() ->
     assert expert_next(TASK, solution, state, random.Random(0)) is None
 
 
-@pytest.mark.sandbox
-async def test_a_real_rollout_is_relabelled_call_by_call_on_the_consumed_prefix(tmp_path: Path) -> None:
+def _task_and_demo(family: str, seed: int, tmp_path: Path) -> tuple[Task, DemoTask, dict[str, str]]:
     reason = probe_bwrap()
     if reason is not None:
         pytest.skip(f"bubblewrap is not usable here: {reason}")
-    task = make_task("fix_bug", Split.TRAIN, 11, 1)
+    task = make_task(family, Split.TRAIN, seed, 1)
     assert isinstance(task.source, GeneratedSource)
     from rl.train.dagger import demo_tasks
     from tools.workspace import WorkspaceStore
 
     demo, start = demo_tasks([task], WorkspaceStore(tmp_path / "demos"))[task.id]
+    return task, demo, start
+
+
+async def _scripted_rollout(task: Task, outputs: list[str], tmp_path: Path) -> tuple[Rollout, Tokenizer,
+                                                                                  ScriptedCompleter]:
+    """One rollout of ``task`` through the production runner with a model that sends ``outputs``."""
+    assert isinstance(task.source, GeneratedSource)
+    tok = train_tokenizer([t * 10 for t in task.source.files.values()] + [task.request * 10], 600)
+    completer = ScriptedCompleter(outputs, tok)
+    runner = RolloutRunner(WorkerConfig(store_root=str(tmp_path / "store"), limits=Limits(max_steps=8)),
+                           completer, tok, profile_named("compact"))
+    try:
+        rollout = await runner.run_one(RolloutJob(TaskEnv(task), "r", 0, 0, seed=1))
+    finally:
+        runner.close()
+    assert rollout.status is RolloutStatus.FINISHED, rollout.detail
+    return rollout, tok, completer
+
+
+@pytest.mark.sandbox
+async def test_a_real_rollout_is_relabelled_call_by_call_on_the_consumed_prefix(tmp_path: Path) -> None:
+    task, demo, start = _task_and_demo("fix_bug", 11, tmp_path)
     [edit] = demo.edits
     wrong = Edit(edit.path, edit.search.replace(" ", "  ", 1), edit.replace)
 
@@ -83,15 +104,7 @@ async def test_a_real_rollout_is_relabelled_call_by_call_on_the_consumed_prefix(
                call("edit_file", path=edit.path, search=wrong.search, replace=wrong.replace),
                call("edit_file", path=edit.path, search=edit.search, replace=edit.replace),
                call("run_command", command=demo.test_command), "All done."]
-    tok = train_tokenizer([t * 10 for t in task.source.files.values()] + [task.request * 10], 600)
-    completer = ScriptedCompleter(outputs, tok)
-    runner = RolloutRunner(WorkerConfig(store_root=str(tmp_path / "store"), limits=Limits(max_steps=8)),
-                           completer, tok, profile_named("compact"))
-    try:
-        rollout = await runner.run_one(RolloutJob(TaskEnv(task), "r", 0, 0, seed=1))
-    finally:
-        runner.close()
-    assert rollout.status is RolloutStatus.FINISHED, rollout.detail
+    rollout, tok, completer = await _scripted_rollout(task, outputs, tmp_path)
 
     stats = RelabelStats()
     examples = relabel(rollout, demo, start, tok, max_len=100_000, rng=random.Random(0), stats=stats)
@@ -156,29 +169,14 @@ def test_read_only_command(command: str, read_only: bool) -> None:
 
 @pytest.mark.sandbox
 async def test_a_real_rename_rollout_is_relabelled_with_the_one_command(tmp_path: Path) -> None:
-    reason = probe_bwrap()
-    if reason is not None:
-        pytest.skip(f"bubblewrap is not usable here: {reason}")
-    task = make_task("rename", Split.TRAIN, 5, 1)
-    assert isinstance(task.source, GeneratedSource)
-    from rl.train.dagger import demo_tasks
-    from tools.workspace import WorkspaceStore
-
-    demo, start = demo_tasks([task], WorkspaceStore(tmp_path / "demos"))[task.id]
+    task, demo, start = _task_and_demo("rename", 5, tmp_path)
     assert demo.shell_edit is not None and demo.shell_edit.startswith("sed -i ")
     old = task.metadata["old"]
     # a model that greps for the name, runs the one command with the name cut short, then answers
     outputs = [encode_call("grep", {"pattern": old}),
                encode_call("run_command", {"command": demo.shell_edit.replace(old, old[:-1], 1)}),
                encode_call("run_command", {"command": demo.test_command}), "Done."]
-    tok = train_tokenizer([t * 10 for t in task.source.files.values()] + [task.request * 10], 600)
-    runner = RolloutRunner(WorkerConfig(store_root=str(tmp_path / "store"), limits=Limits(max_steps=8)),
-                           ScriptedCompleter(outputs, tok), tok, profile_named("compact"))
-    try:
-        rollout = await runner.run_one(RolloutJob(TaskEnv(task), "r", 0, 0, seed=1))
-    finally:
-        runner.close()
-    assert rollout.status is RolloutStatus.FINISHED, rollout.detail
+    rollout, tok, _ = await _scripted_rollout(task, outputs, tmp_path)
 
     stats = RelabelStats()
     examples = relabel(rollout, demo, start, tok, max_len=100_000, rng=random.Random(0), stats=stats, shell_share=1.0)
