@@ -205,6 +205,8 @@ def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
     shutil.copytree(start / "sft", root / "sft", dirs_exist_ok=True)
     for f in ("sft_done.json", "tasks_summary.json"):
         shutil.copy(start / f, root / f)
+    if (start / "dagger_done.json").exists():  # the weights are the DAgger rounds' (save_start)
+        shutil.copy(start / "dagger_done.json", root / "dagger_done.json")
 
 
 def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dict[str, Any]) -> dict[str, Any]:
@@ -213,10 +215,12 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
     the seeds' GRPO runs from becomes ``ROOT/dagger``. Resumable like SFT (``dagger_done.json``)."""
     from rl.train.cli import _cmd_sft
 
-    if not args.dagger_rounds:
-        return start
     out = root / "dagger"
     done_file = root / "dagger_done.json"
+    if not args.dagger_rounds:
+        # an adopted --start whose weights came out of DAgger rounds: report them with it
+        adopted = getattr(args, "start", None) is not None and done_file.exists()
+        return start | ({"dagger": json.loads(done_file.read_text())} if adopted else {})
     if not done_file.exists():
         t0 = time.perf_counter()
         (root / "dagger.json").write_text(json.dumps({
@@ -443,8 +447,10 @@ def main() -> None:
                 if not (tmp / f"run{s}" / "metrics.jsonl").exists() or not done.exists():
                     continue
                 d = json.loads(done.read_text())
+                dagger = tmp / f"start{key}" / "dagger_done.json"
                 starts.setdefault(key, {"tasks": json.loads((tmp / f"start{key}" / "tasks_summary.json").read_text())
-                                        ["written"], "sft_s": d["seconds"], "sft_curve": d["curve"]})
+                                        ["written"], "sft_s": d["seconds"], "sft_curve": d["curve"]}
+                                  | ({"dagger": json.loads(dagger.read_text())} if dagger.exists() else {}))
                 seeds.append(seed_result(s, tmp / f"run{s}", name) | {"sft_from": key})
                 continue
             if key not in starts:
@@ -487,6 +493,9 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "kl_coef": args.kl_coef,
                                                                  "neg_adv_scale": args.neg_adv_scale,
                                                                  "lr_warmup_steps": args.lr_warmup_steps},
+              # --start: the recipe the adopted start was built with (its DAgger rounds, shell share, ...)
+              "start_recipe": json.loads((args.start / "start.json").read_text())
+              if getattr(args, "start", None) is not None and (args.start / "start.json").exists() else None,
               "seeds_done": [s["seed"] for s in seeds], "seeds_planned": args.seeds,
               "summary": summary, "bars": bars(summary), "sft": sft_info, "seeds": seeds}
     (DOCS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")

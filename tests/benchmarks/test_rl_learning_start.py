@@ -64,6 +64,20 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values(),
                                                  strict=True))
     assert json.loads((again / "sft_done.json").read_text())["curve"] == [{"step": 0}]
+    assert not (again / "dagger_done.json").exists()
+    plain = rl_learning.dagger_stage(argparse.Namespace(**{**vars(args), "start": saved}), again, 0, {"sft": again})
+    assert plain == {"sft": again}
+
+    # a start that came out of DAgger rounds brings their figures along, and the run reports them
+    rounds = {"rounds": [{"round": 1.0, "train_solved": 0.25}], "curve": [], "seconds": 2.0}
+    (root / "dagger_done.json").write_text(json.dumps(rounds))
+    rl_learning.save_start(args, root, root / "sft", saved)
+    dagger_too = tmp_path / "dagger" / "start0"
+    dagger_too.mkdir(parents=True)
+    rl_learning.adopt_start(args, saved, dagger_too)
+    got = rl_learning.dagger_stage(argparse.Namespace(**{**vars(args), "start": saved}), dagger_too, 0,
+                                   {"sft": dagger_too / "sft"})
+    assert got == {"sft": dagger_too / "sft", "dagger": rounds}  # the adopted weights, not a fresh round
 
     with pytest.raises(SystemExit, match="not a --save-start directory"):
         rl_learning.adopt_start(args, tmp_path / "first", tmp_path / "third")
