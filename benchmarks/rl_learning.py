@@ -291,6 +291,10 @@ def seed_result(seed: int, run: Path, name: str) -> dict[str, Any]:
                 {"iteration": r["iteration"]} | {k.removeprefix("heldout_pass_at_1_"): v for k, v in r.items()
                                                  if k.startswith("heldout_pass_at_1_")}
                 for r in records if "heldout_pass_at_1" in r],
+            # held-out solved rollouts that changed files only through run_command (absent in runs before it)
+            "heldout_solved_by_command_share": [{"iteration": r["iteration"],
+                                                 "share": r.get("heldout_solved_by_command_share")}
+                                                for r in records if "heldout_pass_at_1" in r],
             "train_success_rate": [r.get("success_rate") for r in trained],
             "train_mean_reward": [r.get("mean_reward") for r in trained],
             "train_malformed_call_rate": [r.get("malformed_call_rate") for r in trained],

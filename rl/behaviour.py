@@ -21,7 +21,12 @@ editing, fewer blind edits, fewer tokens):
   other parse error), ``unknown_tool``, ``invalid_args`` (the schema: missing,
   unknown or repeated parameters), ``overflow`` (too many calls in one
   response), ``other``;
-* ``tokens`` — output tokens over all model calls.
+* ``tokens`` — output tokens over all model calls;
+* ``file_writes`` — successful ``edit_file``/``write_file`` calls, creations included. A
+  rollout that changed the workspace with none did it through ``run_command`` (a ``sed -i``,
+  a redirect): :func:`rl.train.metrics.rollout_metrics` reports the share of solved rollouts
+  solved that way (``solved_by_command_share``), which tells which of the two forms RL
+  reinforces.
 
 Not guaranteed: paths are compared after ``./`` and ``..`` normalisation
 only (a file reached through a symlink under another name counts as another
@@ -65,6 +70,7 @@ class Behaviour:
     malformed_calls: int = 0
     malformed_by_kind: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
+    file_writes: int = 0
 
     def metrics(self) -> dict[str, float]:
         """Flat numbers for ``Rollout.metrics`` (rates are 0.0 when their denominator is 0)."""
@@ -77,6 +83,7 @@ class Behaviour:
             "edits": float(self.edits), "blind_edits": float(self.blind_edits),
             "blind_edit_rate": self.blind_edits / self.edits if self.edits else 0.0,
             "malformed_calls": float(self.malformed_calls), "tokens": float(self.tokens),
+            "file_writes": float(self.file_writes),
             **{f"malformed_{k}": float(self.malformed_by_kind.get(k, 0)) for k in MALFORMED_KINDS},
         }
 
@@ -128,6 +135,7 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
             if not e.ok:
                 continue
             if name in EDIT_TOOLS:
+                b.file_writes += 1
                 path = _norm(args.get("path"))
                 if e.call_id not in created:
                     b.edits += 1

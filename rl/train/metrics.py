@@ -5,6 +5,9 @@
 * outcome — ``success_rate`` (graded rollouts whose grader passed, over the
   rollouts that were not infra errors), ``mean_reward``, ``tokens_per_solved``
   (policy-sampled tokens of solved rollouts / solved rollouts), status counts;
+  ``solved_by_command_share`` (solved rollouts that made no ``edit_file``/``write_file`` call,
+  so their change came from ``run_command``, e.g. one ``sed -i``; over the solved rollouts whose
+  producer recorded ``file_writes``);
 * behaviour — every numeric key of ``Rollout.metrics`` (written per rollout by
   ``rl/behaviour.py``) as its mean over the rollouts that have it, ``rollout_<key>``;
   and, when those keys exist, the ratios the issue names: ``tool_calls_per_model_call``
@@ -58,6 +61,8 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("training success by task family", ("success_rate_*",)),
     ("mean reward", ("mean_reward",)),
     ("tokens per solved task", ("tokens_per_solved", "heldout_tokens_per_solved")),
+    ("share of solved rollouts solved by a command (no edit_file)", ("solved_by_command_share",
+                                                                     "heldout_solved_by_command_share")),
     ("tool calls per model call", ("tool_calls_per_model_call", "heldout_tool_calls_per_model_call")),
     ("share of model calls with >= 2 parallel calls", ("parallel_call_share", "heldout_parallel_call_share")),
     ("blind-edit rate", ("blind_edit_rate", "heldout_blind_edit_rate")),
@@ -120,6 +125,10 @@ def rollout_metrics(rollouts: Sequence[Rollout], *, prefix: str = "",
             out["mean_reward"] = sum(rewards) / len(rewards)
         if solved:
             out["tokens_per_solved"] = sum(sum(r.loss_mask) for r in solved) / len(solved)
+            # which form solved them: no edit_file/write_file at all means the change came from a command
+            writes = [r.metrics["file_writes"] for r in solved if "file_writes" in r.metrics]
+            if writes:
+                out["solved_by_command_share"] = sum(w == 0 for w in writes) / len(writes)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for r in scored:

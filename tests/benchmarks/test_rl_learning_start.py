@@ -104,7 +104,8 @@ def test_seed_result_reads_the_heldout_curve_and_its_families(tmp_path: Path, mo
              "heldout_pass_at_1_rename": 0.0},
             {"iteration": 1, "success_rate": 0.1, "stepped": True},
             {"iteration": 2, "success_rate": 0.2, "stepped": False, "heldout_pass_at_1": 0.5,
-             "heldout_pass_at_1_fix_bug": 0.75, "heldout_pass_at_1_rename": 0.25}]
+             "heldout_pass_at_1_fix_bug": 0.75, "heldout_pass_at_1_rename": 0.25,
+             "heldout_solved_by_command_share": 0.5}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     (run / "curves.png").write_bytes(b"png")
     res = rl_learning.seed_result(0, run, "t")
@@ -112,4 +113,7 @@ def test_seed_result_reads_the_heldout_curve_and_its_families(tmp_path: Path, mo
     assert res["iterations_done"] == 2 and res["iterations_stepped"] == 1
     assert res["heldout_pass_at_1_by_family"] == [{"iteration": 0, "fix_bug": 0.5, "rename": 0.0},
                                                   {"iteration": 2, "fix_bug": 0.75, "rename": 0.25}]
+    # a run recorded before the key existed reads as None, not as 0
+    assert res["heldout_solved_by_command_share"] == [{"iteration": 0, "share": None},
+                                                      {"iteration": 2, "share": 0.5}]
     assert (tmp_path / "docs" / "t_seed0_metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()

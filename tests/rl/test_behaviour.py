@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agent.events import AssistantMessage, Event, FileEditEvent, ListSink, ToolCallStarted, ToolResultEvent
 from agent.parser import encode_call as call
 from agent.policies.scripted import ScriptedPolicy
@@ -44,6 +46,7 @@ def test_metrics_of_a_mixed_rollout() -> None:
     assert (b.model_calls, b.tool_calls, b.malformed_calls, b.tokens) == (5, 11, 1, 27)
     assert b.parallel_by_step == [True, False, True, True, True]
     assert (b.edits, b.blind_edits) == (4, 1)
+    assert b.file_writes == 5  # the four edits and the creation; the failed edit is not one
     m = b.metrics()
     assert m["tool_calls_per_model_call"] == 11 / 5 and m["parallel_share"] == 4 / 5
     assert m["blind_edit_rate"] == 0.25
@@ -119,3 +122,31 @@ async def test_rejected_calls_of_a_real_session_are_sorted_into_kinds(tmp_path: 
     assert "reed_file" in first["output"] and first["output"] == second["output"]  # the model output of step 1
     assert first["message"].startswith("unknown tool 'reed_file'") and first["task"] == "t"
     assert len(malformed_examples(sink.events, 10)) == 4 and malformed_examples(sink.events, 0) == []
+
+
+@pytest.mark.sandbox
+@pytest.mark.parametrize(("how", "writes"), [("command", 0), ("edit_file", 1)])
+async def test_a_change_made_by_a_command_is_not_a_file_write(how: str, writes: int, tmp_path: Path) -> None:
+    """A real session changes ``app.py`` either with one ``sed -i`` through ``run_command`` (in the
+    bubblewrap sandbox) or with ``edit_file``: both change the file; only the second is a file write."""
+    from agent.runtime import SessionParts, build_session
+    from tools.sandbox import make_sandbox, probe_bwrap
+
+    if (reason := probe_bwrap()) is not None:
+        pytest.skip(f"bubblewrap is not usable here: {reason}")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "app.py").write_text("x = 1\n")
+    ws = WorkspaceStore(tmp_path / "store").from_dir(src)
+    change = (call("run_command", {"command": "sed -i 's/x = 1/x = 2/' app.py"}) if how == "command"
+              else call("edit_file", {"path": "app.py", "search": "x = 1", "replace": "x = 2"}))
+    sink = ListSink()
+    try:
+        session = build_session(SessionParts(ws, make_sandbox()), policy=ScriptedPolicy([change, "Done."]),
+                                sink=sink, limits=Limits())
+        await session.run_turn("set x to 2")
+        assert ws.read_bytes("app.py") == b"x = 2\n"
+    finally:
+        ws.delete()
+    b = behaviour(sink.events)
+    assert b.file_writes == writes and b.metrics()["file_writes"] == writes

@@ -37,6 +37,15 @@ def test_rollout_aggregates_are_ratios_of_sums_and_exclude_infra_errors() -> Non
     assert m["blind_edit_rate"] == pytest.approx(3 / 4)
     assert m["rollout_model_calls"] == 5 and m["rollout_wall_s_max"] == 3.0
     assert "malformed_call_rate" not in m  # no producer recorded malformed_calls
+    assert "solved_by_command_share" not in m  # nor file_writes
+
+
+def test_the_share_solved_by_a_command_counts_solved_rollouts_without_file_writes() -> None:
+    rs = [_r(True, file_writes=0), _r(True, file_writes=2), _r(True, file_writes=0), _r(True),
+          _r(False, file_writes=0), _r(False, status=RolloutStatus.INFRA_ERROR, file_writes=0)]
+    # three solved rollouts recorded file_writes, two of them made none; failures do not count
+    assert rollout_metrics(rs)["solved_by_command_share"] == pytest.approx(2 / 3)
+    assert "solved_by_command_share" not in rollout_metrics([_r(False, file_writes=0)])  # nothing solved
 
 
 def test_training_success_per_family_partitions_the_scored_rollouts() -> None:
