@@ -42,7 +42,21 @@ from _common import write_result
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "rl"
 FAMILIES = ["fix_bug", "rename", "find_change", "implement_stub"]
-CURVE_KEYS = ("pass_at_1", "tokens_per_solved", "parallel_call_share", "blind_edit_rate", "malformed_call_rate")
+CURVE_KEYS = ("pass_at_1", "tokens_per_solved", "tokens_spent_per_solved", "parallel_call_share", "blind_edit_rate",
+              "malformed_call_rate")
+"""Held-out figures per evaluation. ``tokens_per_solved`` (the bar's) is what a solved rollout sampled;
+``tokens_spent_per_solved`` is what every rollout sampled per solved one (mean sampled tokens per
+rollout / success rate): the cost of a solution including the failed attempts, reported beside the
+bar, never in its place."""
+
+
+def curve_point(record: dict[str, Any]) -> dict[str, float]:
+    """One evaluation record's held-out figures (:data:`CURVE_KEYS`; NaN where undefined)."""
+    point = {"iteration": float(record["iteration"]),
+             **{k: record.get(f"heldout_{k}", float("nan")) for k in CURVE_KEYS}}
+    tokens, success = record.get("heldout_rollout_sampled_tokens"), record.get("heldout_success_rate")
+    point["tokens_spent_per_solved"] = tokens / success if tokens is not None and success else float("nan")
+    return point
 
 
 def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str, Any]:
@@ -281,8 +295,7 @@ def seed_result(seed: int, run: Path, name: str) -> dict[str, Any]:
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     for src in ("metrics.jsonl", "curves.png"):
         shutil.copy(run / src, DOCS / f"{name}_seed{seed}_{src}")
-    curve = [{"iteration": float(r["iteration"]), **{k: r.get(f"heldout_{k}", float("nan")) for k in CURVE_KEYS}}
-             for r in records if "heldout_pass_at_1" in r]
+    curve = [curve_point(r) for r in records if "heldout_pass_at_1" in r]
     trained = [r for r in records if r["iteration"] > 0]
     return {"seed": seed, "sft": curve[0], "rl": curve[-1], "curve": curve, "iterations_done": len(trained),
             "iterations_stepped": sum(bool(r.get("stepped")) for r in trained),

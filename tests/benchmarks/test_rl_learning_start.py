@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -101,7 +102,7 @@ def test_seed_result_reads_the_heldout_curve_and_its_families(tmp_path: Path, mo
     run = tmp_path / "run0"
     run.mkdir()
     recs = [{"iteration": 0, "heldout_pass_at_1": 0.25, "heldout_pass_at_1_fix_bug": 0.5,
-             "heldout_pass_at_1_rename": 0.0},
+             "heldout_pass_at_1_rename": 0.0, "heldout_success_rate": 0.25, "heldout_rollout_sampled_tokens": 300.0},
             {"iteration": 1, "success_rate": 0.1, "stepped": True},
             {"iteration": 2, "success_rate": 0.2, "stepped": False, "heldout_pass_at_1": 0.5,
              "heldout_pass_at_1_fix_bug": 0.75, "heldout_pass_at_1_rename": 0.25,
@@ -110,6 +111,8 @@ def test_seed_result_reads_the_heldout_curve_and_its_families(tmp_path: Path, mo
     (run / "curves.png").write_bytes(b"png")
     res = rl_learning.seed_result(0, run, "t")
     assert [p["pass_at_1"] for p in res["curve"]] == [0.25, 0.5] and res["rl"]["pass_at_1"] == 0.5
+    # every rollout's tokens per solved one: 300 / 0.25; undefined where the record lacks the figures
+    assert res["sft"]["tokens_spent_per_solved"] == 1200.0 and math.isnan(res["rl"]["tokens_spent_per_solved"])
     assert res["iterations_done"] == 2 and res["iterations_stepped"] == 1
     assert res["heldout_pass_at_1_by_family"] == [{"iteration": 0, "fix_bug": 0.5, "rename": 0.0},
                                                   {"iteration": 2, "fix_bug": 0.75, "rename": 0.25}]
