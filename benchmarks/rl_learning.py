@@ -188,9 +188,21 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
     (dest / "start.json").write_text(json.dumps({
         "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
         "preset": args.preset, "copy_head": args.copy_head, "tasks_sha256": _sha256(root / "tasks.jsonl"),
-        "dagger_rounds": args.dagger_rounds, "sft_shell_share": args.sft_shell_share}, indent=2) + "\n")
+        "dagger_rounds": args.dagger_rounds, "sft_shell_share": args.sft_shell_share,
+        # the pretraining corpus (agent.model.corpus: the stdlib and the installed packages' sources, so
+        # another environment's package versions give another corpus under the same seeds); None when
+        # the start was not pretrained
+        "pretrain_corpus": pretrain_corpus(root)}, indent=2) + "\n")
     if (root / "dagger_done.json").exists():
         shutil.copy(root / "dagger_done.json", dest / "dagger_done.json")
+
+
+def pretrain_corpus(root: Path) -> str | None:
+    """The fingerprint of the corpus ``root/init`` was pretrained on (``Corpus.fingerprint``, kept in
+    the checkpoint's meta by ``agent.model.train``), or None (no pretrained init there)."""
+    from agent.model.checkpoint import load_meta
+
+    return load_meta(root / "init")["extra"].get("corpus") if (root / "init").is_dir() else None
 
 
 def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
