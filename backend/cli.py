@@ -218,6 +218,8 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--lr", type=float, help="peak learning rate (default: the preset's: tiny 3e-3, small 1e-3)")
     t.add_argument("--tokenizer", type=Path, metavar="DIR", help="directory with a tokenizer.json to reuse")
     t.add_argument("--corpus-mb", type=float, default=64.0, help="corpus size cap in MiB (default 64)")
+    t.add_argument("--corpus-sources", nargs="+", choices=["stdlib", "site-packages"],
+                   help="code the corpus is drawn from (default both; stdlib alone depends on the Python version only)")
     t.add_argument("--log-every", type=int, default=10, help="print a line every N steps (default 10)")
     t.add_argument("--eval-every", type=int, default=0, help="validation loss every N steps (default: at the end)")
     t.add_argument("--device", default="cpu", help="torch device, e.g. cuda (default cpu)")

@@ -103,6 +103,7 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         with (root / "pretrain.log").open("w") as log:
             pretrain(TrainConfig(preset=args.preset, steps=args.pretrain_steps, out=root / "init", seq_len=512,
                                  batch=8, seed=sft_seed, corpus_bytes=args.pretrain_mb << 20, eval_every=250,
+                                 corpus_sources=tuple(args.pretrain_sources),
                                  log_every=50, prompt_profile="compact",
                                  model_overrides={"max_seq_len": 2048}), log=log)
     else:
@@ -189,6 +190,7 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
         "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
         "preset": args.preset, "copy_head": args.copy_head, "tasks_sha256": _sha256(root / "tasks.jsonl"),
         "dagger_rounds": args.dagger_rounds, "sft_shell_share": args.sft_shell_share,
+        "pretrain_sources": list(getattr(args, "pretrain_sources", ["stdlib", "site-packages"])),
         # the pretraining corpus (agent.model.corpus: the stdlib and the installed packages' sources, so
         # another environment's package versions give another corpus under the same seeds); None when
         # the start was not pretrained
@@ -437,6 +439,10 @@ def main() -> None:
     ap.add_argument("--dagger-tasks", type=int, default=400, help="SFT-train tasks per DAgger round")
     ap.add_argument("--dagger-steps", type=int, default=800, help="SFT steps per DAgger round (at most)")
     ap.add_argument("--pretrain-mb", type=int, default=16, help="code corpus size for pretraining (MiB)")
+    ap.add_argument("--pretrain-sources", nargs="+", choices=["stdlib", "site-packages"],
+                    default=["stdlib", "site-packages"],
+                    help="code the pretraining corpus is drawn from; stdlib alone makes the start independent of "
+                         "the installed packages' versions (agent.model.corpus.code_roots)")
     ap.add_argument("--data-seed", type=int, default=0, help="the task set's seed (fixed across RL seeds)")
     ap.add_argument("--work-dir", type=Path, help="keep the task set, checkpoints and runs here (default: a temp dir)")
     ap.add_argument("--name", help="result name (default rl_learning or rl_learning_quick)")
@@ -516,6 +522,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "dagger_tasks": args.dagger_tasks,
                                                                  "dagger_steps": args.dagger_steps,
                                                                  "copy_head": args.copy_head,
+                                                                 "pretrain_sources": args.pretrain_sources,
                                                                  "copy_min_distance": args.copy_min_distance,
                                                                  "dynamic_sampling": args.dynamic_sampling,
                                                                  "max_draws": args.max_draws,

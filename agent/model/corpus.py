@@ -26,7 +26,8 @@ blobs) and files that are not UTF-8 are skipped. Nothing is read until it is
 iterated: memory holds one document at a time.
 
 Not guaranteed: the same corpus on another machine — it is whatever Python and
-packages are installed; ``Corpus.fingerprint`` tells two corpora apart.
+packages are installed (``code_roots(("stdlib",))`` leaves the packages out, so only
+the Python version matters); ``Corpus.fingerprint`` tells two corpora apart.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import os
 import random
 import re
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,12 +58,22 @@ def _hash(key: str) -> int:
     return int.from_bytes(hashlib.sha1(key.encode()).digest()[:8], "big")
 
 
-def code_roots() -> list[tuple[str, Path]]:
+CODE_SOURCES = ("stdlib", "site-packages")
+
+
+def code_roots(sources: Sequence[str] = CODE_SOURCES) -> list[tuple[str, Path]]:
+    """The code directories of ``sources`` (a subset of :data:`CODE_SOURCES`). ``("stdlib",)`` alone
+    makes the corpus a function of the Python version only: the installed packages, and so the
+    corpus under ``("stdlib", "site-packages")``, change with every environment's package versions."""
+    unknown = sorted(set(sources) - set(CODE_SOURCES))
+    if unknown or not sources:
+        raise ValueError(f"corpus sources {', '.join(unknown) or '(none)'}: choose from {', '.join(CODE_SOURCES)}")
     paths = sysconfig.get_paths()
-    roots = [("stdlib", Path(paths["stdlib"]))]
+    roots = [("stdlib", Path(paths["stdlib"]))] if "stdlib" in sources else []
+    stdlib = Path(paths["stdlib"])
     for name in ("purelib", "platlib"):
         p = Path(paths[name])
-        if all(p != r for _, r in roots):
+        if "site-packages" in sources and p != stdlib and all(p != r for _, r in roots):
             roots.append(("site-packages", p))
     return roots
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F
 
 from agent.model.checkpoint import save_checkpoint
 from agent.model.config import ModelConfig, Precision
-from agent.model.corpus import Corpus, build_corpus
+from agent.model.corpus import CODE_SOURCES, Corpus, build_corpus, code_roots
 from agent.model.moe import expert_balance
 from agent.model.numerics import KernelsUnavailable
 from agent.model.tokenizer import FILENAME as TOKENIZER_FILE
@@ -72,6 +72,7 @@ class TrainConfig:
     eval_every: int = 0  # 0: only at the end
     eval_batches: int = 4
     corpus_bytes: int = 64 << 20
+    corpus_sources: tuple[str, ...] = CODE_SOURCES  # ("stdlib",): a corpus that depends on the Python version only
     tokenizer_dir: Path | None = None  # reuse this tokenizer; else OUT/tokenizer.json if present; else train one
     tokenizer_bytes: int = 8 << 20  # how much of the corpus the tokenizer is trained on
     model_overrides: dict[str, Any] = field(default_factory=dict)  # e.g. {"n_layers": 1} (tests, benchmarks)
@@ -226,8 +227,10 @@ def train(tc: TrainConfig, *, corpus: Corpus | None = None, tokenizer: Tokenizer
         if any(d.path is None for d in corpus.train + corpus.val):
             raise ValueError(f"the corpus renders transcripts with prompt profile {corpus.prompt_profile!r} but the "
                              f"checkpoint will be served with {profile.name!r}: build it with that profile")
+    roots = code_roots(tc.corpus_sources) if corpus is None else None  # unknown sources: refused before any write
     tc.out.mkdir(parents=True, exist_ok=True)
-    corpus = corpus or build_corpus(max_bytes=tc.corpus_bytes, seed=tc.seed, prompt_profile=profile.name)
+    corpus = corpus or build_corpus(max_bytes=tc.corpus_bytes, seed=tc.seed, prompt_profile=profile.name,
+                                    roots=roots)
     tok = tokenizer or get_tokenizer(tc, corpus, base.vocab_size, log)
     cfg = replace(base, vocab_size=tok.vocab_size)
 
@@ -313,7 +316,7 @@ def run_cli(args: argparse.Namespace) -> int:
         preset=args.preset, steps=args.steps, precision=args.precision, out=args.out, seq_len=args.seq_len,
         batch=args.batch, seed=args.seed, lr=args.lr, tokenizer_dir=args.tokenizer,
         corpus_bytes=int(args.corpus_mb * (1 << 20)), log_every=args.log_every, eval_every=args.eval_every,
-        device=args.device,
+        device=args.device, corpus_sources=tuple(getattr(args, "corpus_sources", None) or CODE_SOURCES),
         model_overrides={"mxfp8_scope": args.mxfp8_scope, "copy_head": bool(getattr(args, "copy_head", False)),
                          "copy_min_distance": int(getattr(args, "copy_min_distance", 1))},
         prompt_profile=getattr(args, "prompt_profile", None),

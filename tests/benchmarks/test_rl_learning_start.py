@@ -57,6 +57,7 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     assert not (saved / "tasks.jsonl").exists()  # rebuilt from the recipe, not stored
     assert json.loads((saved / "start.json").read_text())["sft_shell_share"] == 0.5  # the recipe keeps it
     assert json.loads((saved / "start.json").read_text())["pretrain_corpus"] is None  # no pretrained init
+    assert json.loads((saved / "start.json").read_text())["pretrain_sources"] == ["stdlib", "site-packages"]
     save_checkpoint(root / "init", model, tok, step=1, extra={"corpus": "b27612bec878a5d9"}, profile=COMPACT_PROFILE)
     rl_learning.save_start(args, root, root / "sft", saved)
     assert json.loads((saved / "start.json").read_text())["pretrain_corpus"] == "b27612bec878a5d9"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from agent.calls import ToolCall, validate_call
-from agent.model.corpus import build_corpus
+import pytest
+
+from agent.model.corpus import build_corpus, code_roots
 from agent.parser import MalformedCall, ParsedCall, StreamParser
 from agent.prompt import CHAT_TEMPLATE
 from tools.registry import default_tools
@@ -54,3 +56,16 @@ def test_transcripts_use_the_real_format() -> None:
                     n_calls += 1
         assert "<tool_result" in text
     assert n_calls >= len(docs)
+
+
+def test_a_stdlib_only_corpus_leaves_the_installed_packages_out() -> None:
+    """``code_roots(("stdlib",))``: the corpus then depends on the Python version, not on which package
+    versions this environment installed; unknown or no sources are refused."""
+    assert [name for name, _ in code_roots(("stdlib",))] == ["stdlib"]
+    c = build_corpus(max_bytes=2 << 20, n_transcripts=4, roots=code_roots(("stdlib",)))
+    keys = [d.key for d in c.train + c.val]
+    assert any(k.startswith("stdlib/") for k in keys) and not any(k.startswith("site-packages/") for k in keys)
+    assert c.fingerprint != build_corpus(max_bytes=2 << 20, n_transcripts=4).fingerprint
+    for bad in (("stdlib", "pypi"), ()):
+        with pytest.raises(ValueError, match="choose from stdlib, site-packages"):
+            code_roots(bad)

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from agent.model.checkpoint import load_checkpoint
@@ -66,3 +67,10 @@ def test_a_copy_head_run_saves_the_tokenizers_twins_and_the_pointer_distance(sma
     assert model.cfg.copy_head and model.cfg.copy_min_distance == 3
     assert model.copy is not None and torch.equal(model.copy.twin, twin_ids(tok))
     assert int((model.copy.twin != torch.arange(tok.vocab_size)).sum()) > 0
+
+
+def test_unknown_corpus_sources_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    with pytest.raises(ValueError, match="corpus sources pypi: choose from stdlib, site-packages"):
+        train(TrainConfig(preset="tiny", steps=1, out=out, corpus_sources=("stdlib", "pypi")), log=io.StringIO())
+    assert not out.exists()
