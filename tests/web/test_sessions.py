@@ -47,6 +47,10 @@ def test_filter_search_and_page(page: Any, server: harness.WebServer, seeded: di
 
     # full-text search over messages: the match is shown as text, the words marked
     page.click("a:has-text('clear')")
+    # the previous page's rows are still there while the cleared filters render: wait for the form itself
+    # to be reset, or the search below can be typed into the old form and sent with kind=rl (no match)
+    page.wait_for_function("() => !location.href.includes('kind=') && document.querySelector('#f-run').value === ''"
+                           " && document.querySelector('#f-kind').value !== 'rl'")
     page.wait_for_selector("table.sessions tbody tr")
     page.fill("#f-q", "zygomorphic")
     page.click("form[aria-label='filter sessions'] button[type=submit]")
