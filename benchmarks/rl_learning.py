@@ -450,6 +450,8 @@ def main() -> None:
                     help="after SFT, keep the start (weights, SFT curve, task-set recipe; ~9 MB for mini) in DIR")
     ap.add_argument("--start", type=Path, metavar="DIR",
                     help="a --save-start directory: rebuild its task set (checked by sha256) and run GRPO from it")
+    ap.add_argument("--start-only", action="store_true",
+                    help="build the start (and --save-start it), then stop: no GRPO, no report")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: report the seeds whose runs exist in --work-dir (a stopped run)")
     args = ap.parse_args()
@@ -494,12 +496,17 @@ def main() -> None:
                     save_start(args, tmp / f"start{key}", starts[key]["sft"], args.save_start)
                 if (starts[key]["sft"] / "sft_curve.png").exists():  # not kept by --save-start
                     shutil.copy(starts[key]["sft"] / "sft_curve.png", DOCS / f"{name}_sft{key}_curve.png")
+            if args.start_only:
+                continue
             seeds.append(run_seed(s, args, starts[key], tmp, name) | {"sft_from": key})
             report(args, sizing, name, seeds, starts)  # after every seed: a stopped run keeps what it measured
     finally:
         ray.shutdown()
         if args.work_dir is None:
             shutil.rmtree(tmp, ignore_errors=True)
+    if args.start_only:
+        print(f"start built in {tmp}" + (f", saved to {args.save_start}" if args.save_start else ""), flush=True)
+        return
     if not seeds:
         raise SystemExit("no finished seed to report")
     report(args, sizing, name, seeds, starts)

@@ -1,0 +1,144 @@
+"""Which of several starts should GRPO run from? Free-running success on the RL TRAIN split.
+
+Rebuilding one recipe gives starts that differ more than any GRPO run has changed them
+(docs/rl/README.md, fifteenth run: malformed-call rate 0.29 vs 0.42, call-limit endings 30% vs
+70%, one family solved at ~8% vs ~1%), and GRPO can only reinforce what the start already does
+now and then. So build a few starts of one recipe (``rl_learning.py --start-only --save-start
+DIR`` with other ``--seeds``) and keep the one that solves most of the tasks GRPO will train on.
+
+Each candidate (a ``--save-start`` directory) samples ``k`` rollouts of the same ``--max-tasks``
+RL *train*-split tasks (drawn with ``--seed``) through ``rl.rollout.driver.evaluate`` — the
+production runtime, the evaluation ``flywheel rl eval`` runs — with the run's limits. The held-out
+split is never read: choosing a start by held-out success would be tuning on it. Candidates are
+ranked by pass@1, ties by the lower malformed-call rate.
+
+Not guaranteed: the ranking is a sample (the standard error of one candidate's pass@1 is about
+sqrt(p(1-p)/(tasks*k)); the result reports it); the train tasks were also SFT's, so this measures
+free-running success where the start was taught, which is what GRPO's groups draw from, not
+generalisation.
+
+    .venv/bin/python benchmarks/rl_select_start.py /work/runs/start16a /work/runs/start16b \\
+        --tasks /work/runs/w16a/start0/tasks.jsonl --max-tasks 48 -k 2 --name rl_select_start_sixteenth
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common  # noqa: F401  (repo on sys.path)
+from _common import write_result
+
+BEHAVIOUR_KEYS = ("malformed_call_rate", "parallel_call_share", "blind_edit_rate", "tokens_per_solved",
+                  "solved_by_command_share", "rollout_limit_max_steps")
+
+
+class CandidateError(ValueError):
+    """A candidate that is not a ``--save-start`` directory of the given task set."""
+
+
+def check_candidates(candidates: list[Path], tasks: Path) -> dict[Path, dict[str, Any]]:
+    """Each candidate's ``start.json`` recipe; :class:`CandidateError` naming the first candidate that
+    is no ``--save-start`` directory, or was trained on another task set than ``tasks`` (sha256)."""
+    sha = hashlib.sha256(tasks.read_bytes()).hexdigest()
+    recipes: dict[Path, dict[str, Any]] = {}
+    for c in candidates:
+        if not (c / "start.json").is_file() or not (c / "sft" / "model.safetensors").is_file():
+            raise CandidateError(f"{c}: not a --save-start directory (it needs start.json and sft/)")
+        recipe = json.loads((c / "start.json").read_text())
+        if recipe.get("tasks_sha256") != sha:
+            raise CandidateError(f"{c}: trained on another task set than {tasks} (sha256 "
+                                 f"{str(recipe.get('tasks_sha256'))[:12]}… vs {sha[:12]}…)")
+        recipes[c] = recipe
+    if len(set(recipes)) != len(candidates):
+        raise CandidateError("a candidate is given twice")
+    return recipes
+
+
+def rank(scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``scores`` (each with ``pass_at_1`` and ``malformed_call_rate``) best first: higher pass@1,
+    then the lower malformed-call rate (NaN last), then the order given."""
+    def key(i_s: tuple[int, dict[str, Any]]) -> tuple[float, float, int]:
+        i, s = i_s
+        mal = s.get("malformed_call_rate", float("nan"))
+        return (-s["pass_at_1"], math.inf if mal != mal else mal, i)
+
+    return [s for _, s in sorted(enumerate(scores), key=key)]
+
+
+def standard_error(p: float, n: int) -> float:
+    """The binomial standard error of a rate ``p`` measured on ``n`` samples."""
+    return math.sqrt(p * (1 - p) / n) if n else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("candidates", nargs="+", type=Path, help="--save-start directories of one recipe")
+    ap.add_argument("--tasks", type=Path, required=True, help="the task set the candidates were trained on")
+    ap.add_argument("--max-tasks", type=int, default=48, help="train-split tasks to sample (drawn with --seed)")
+    ap.add_argument("-k", "--k", type=int, default=2, help="rollouts per task")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--max-tokens", type=int, default=192, help="per model call (rl_learning's default)")
+    ap.add_argument("--max-model-calls", type=int, default=6)
+    ap.add_argument("--max-wall-s", type=float, default=900.0)
+    ap.add_argument("--name", default="rl_select_start")
+    args = ap.parse_args()
+    if len(args.candidates) < 2:
+        raise SystemExit("rl_select_start: give at least two candidates")
+    try:
+        recipes = check_candidates(args.candidates, args.tasks)
+    except CandidateError as exc:
+        raise SystemExit(f"rl_select_start: {exc}") from None
+
+    import ray
+
+    from rl.config import LimitsConfig
+    from rl.rollout.driver import evaluate, load_split, sample_tasks
+    from rl.tasks.spec import Split
+    from tools.workspace import remove_store
+
+    tasks = sample_tasks(load_split(args.tasks, Split.TRAIN), args.max_tasks, args.seed)
+    limits = LimitsConfig(max_model_calls=args.max_model_calls,
+                          max_output_tokens=args.max_model_calls * args.max_tokens,
+                          max_wall_s=args.max_wall_s).to_limits()
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
+    scores: list[dict[str, Any]] = []
+    try:
+        for c in args.candidates:
+            t0 = time.perf_counter()
+            tmp = tempfile.mkdtemp(prefix="flywheel-select-")
+            try:
+                res = evaluate(tasks, k=args.k, checkpoint=c / "sft", limits=limits, temperature=args.temperature,
+                               max_tokens=args.max_tokens, store_root=Path(tmp), seed=args.seed, run_id="select")
+            finally:
+                remove_store(tmp)
+            n = res.tasks * res.k
+            sft = json.loads((c / "sft_done.json").read_text())
+            scores.append({
+                "candidate": str(c), "pass_at_1": res.pass_at_1, "pass_at_1_se": standard_error(res.pass_at_1, n),
+                f"pass_at_{res.k}": res.pass_at_k, "infra_errors": res.infra_errors,
+                "per_family": {f: v["pass@1"] for f, v in res.per_family.items()},
+                **{k: res.behaviour.get(k, float("nan")) for k in BEHAVIOUR_KEYS},
+                "sft_best_heldout_loss": min((p["heldout_loss"] for p in sft["curve"]), default=float("nan")),
+                "pretrain_corpus": recipes[c].get("pretrain_corpus"),
+                "seconds": round(time.perf_counter() - t0, 1)})
+            print(f"{c}: pass@1 {res.pass_at_1:.3f} ± {scores[-1]['pass_at_1_se']:.3f} "
+                  f"({res.tasks} train tasks × {res.k})", flush=True)
+    finally:
+        ray.shutdown()
+    ranking = rank(scores)
+    write_result(args.name, {"split": "train", "tasks": len(tasks), "k": args.k, "seed": args.seed,
+                             "temperature": args.temperature, "max_tokens": args.max_tokens,
+                             "max_model_calls": args.max_model_calls, "best": ranking[0]["candidate"],
+                             "ranking": ranking})
+
+
+if __name__ == "__main__":
+    main()
