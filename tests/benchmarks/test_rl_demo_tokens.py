@@ -4,7 +4,6 @@ many times fewer a policy would spend by always taking each task's shortest demo
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 
 from rl.tasks.build import build_task_set
 from tests.agent.model.test_engine import tiny_tokenizer
+from tests.benchmarks.bench_module import load_benchmark
 from tools.sandbox import make_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,13 +23,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _module() -> ModuleType:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("rl_demo_tokens_under_test",
-                                                  ROOT / "benchmarks" / "rl_demo_tokens.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("rl_demo_tokens")
 
 
 def test_the_mix_weighs_styles_like_the_sft_draw_and_blind_is_not_an_informed_floor() -> None:

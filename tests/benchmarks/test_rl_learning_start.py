@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -21,19 +19,14 @@ from agent.model.transformer import MoETransformer
 from agent.prompt import COMPACT_PROFILE
 from rl.tasks.build import build_task_set
 from tests.agent.model.test_engine import tiny_tokenizer
+from tests.benchmarks.bench_module import load_benchmark
 from tools.sandbox import make_sandbox
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 pytestmark = pytest.mark.timeout(300)
 
 
 def _module() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("rl_learning_under_test", BENCH / "rl_learning.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("rl_learning")
 
 
 def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:

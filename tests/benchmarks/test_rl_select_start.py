@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ from agent.model.transformer import MoETransformer
 from agent.prompt import COMPACT_PROFILE
 from rl.tasks.build import build_task_set
 from tests.agent.model.test_engine import tiny_tokenizer
+from tests.benchmarks.bench_module import load_benchmark
 from tools.sandbox import make_sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,12 +30,7 @@ BENCH = ROOT / "benchmarks"
 
 
 def _module() -> ModuleType:
-    sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("rl_select_start_under_test", BENCH / "rl_select_start.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("rl_select_start")
 
 
 def _start(dest: Path, tasks: Path, seed: int) -> Path:
