@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import tempfile
@@ -40,7 +41,8 @@ from typing import Any
 import _common  # noqa: F401  (repo on sys.path)
 from _common import write_result
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "rl"
+# FLYWHEEL_BENCH_DOCS redirects the curves and copies written beside the result (tests: a temporary dir)
+DOCS = Path(os.environ.get("FLYWHEEL_BENCH_DOCS") or Path(__file__).resolve().parent.parent / "docs" / "rl")
 FAMILIES = ["fix_bug", "rename", "find_change", "implement_stub"]
 CURVE_KEYS = ("pass_at_1", "tokens_per_solved", "tokens_spent_per_solved", "parallel_call_share", "blind_edit_rate",
               "malformed_call_rate")

@@ -118,3 +118,24 @@ def test_seed_result_reads_the_heldout_curve_and_its_families(tmp_path: Path, mo
     assert res["heldout_solved_by_command_share"] == [{"iteration": 0, "share": None},
                                                       {"iteration": 2, "share": 0.5}]
     assert (tmp_path / "docs" / "t_seed0_metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
+
+
+def test_start_only_builds_and_saves_the_start_and_runs_no_grpo(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "rl_learning.py"), "--quick", "--n-train", "8",
+                        "--n-heldout", "2", "--sft-steps", "4", "--work-dir", str(tmp_path / "w"), "--start-only",
+                        "--save-start", str(tmp_path / "start"), "--name", "start_only_test"],
+                       cwd=root, capture_output=True, text=True, timeout=280,
+                       env={**os.environ, "FLYWHEEL_BENCH_RESULTS": str(tmp_path / "results"),
+                            "FLYWHEEL_BENCH_DOCS": str(tmp_path / "docs")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "saved to" in r.stdout
+    assert [p.name for p in (tmp_path / "docs").iterdir()] == ["start_only_test_sft0_curve.png"]
+    assert (tmp_path / "start" / "sft" / "model.safetensors").is_file()
+    assert json.loads((tmp_path / "start" / "start.json").read_text())["n_train"] == 8
+    assert not list((tmp_path / "w").glob("run*"))  # no GRPO seed ran
+    assert not (tmp_path / "results").exists()  # and nothing was reported
