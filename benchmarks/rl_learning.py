@@ -453,7 +453,7 @@ def main() -> None:
     ap.add_argument("--start", type=Path, metavar="DIR",
                     help="a --save-start directory: rebuild its task set (checked by sha256) and run GRPO from it")
     ap.add_argument("--start-only", action="store_true",
-                    help="build the start (and --save-start it), then stop: no GRPO, no report")
+                    help="build the start, then stop (no GRPO, no report); needs --save-start DIR or --work-dir DIR to keep it")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: report the seeds whose runs exist in --work-dir (a stopped run)")
     args = ap.parse_args()
@@ -469,6 +469,10 @@ def main() -> None:
         if getattr(args, k, None) is None:
             setattr(args, k, v)
     name = args.name or ("rl_learning_quick" if args.quick else "rl_learning")
+    if args.start_only and args.save_start is None and args.work_dir is None:
+        raise SystemExit("--start-only keeps nothing without --save-start DIR or --work-dir DIR")
+    if args.start_only and (args.report_only or args.start is not None):
+        raise SystemExit("--start-only builds a start: not with --report-only or --start")
     DOCS.mkdir(parents=True, exist_ok=True)
     import ray
 

@@ -139,3 +139,16 @@ def test_start_only_builds_and_saves_the_start_and_runs_no_grpo(tmp_path: Path) 
     assert json.loads((tmp_path / "start" / "start.json").read_text())["n_train"] == 8
     assert not list((tmp_path / "w").glob("run*"))  # no GRPO seed ran
     assert not (tmp_path / "results").exists()  # and nothing was reported
+
+
+@pytest.mark.parametrize("extra, message", [([], "keeps nothing"), (["--work-dir", "W", "--report-only"], "not with")])
+def test_start_only_refuses_what_would_build_nothing_kept(tmp_path: Path, extra: list[str], message: str) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "rl_learning.py"), "--quick", "--start-only",
+                        *[str(tmp_path / x) if x == "W" else x for x in extra]],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and message in r.stderr
+    assert not (tmp_path / "W").exists()
