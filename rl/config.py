@@ -55,6 +55,9 @@ class GRPOConfig(_Section):
     # multiply negative advantages by this (1 = the papers; 0 = train on better-than-baseline rollouts
     # only, as rejection-sampling fine-tuning does); see rl.train.grpo "Negative advantages"
     neg_adv_scale: float = Field(1.0, ge=0.0, le=1.0)
+    # leave the tokens of model calls that made a malformed tool call out of positive-advantage rows
+    # (off = the papers: every token gets its rollout's advantage); see rl.train.grpo
+    no_reinforce_malformed: bool = False
     kl_coef: float = Field(0.0, ge=0.0)  # k3 KL to the initial policy; 0 = no reference model (default)
     aux_loss_coef: float = Field(0.01, ge=0.0)  # MoE load-balancing term (replaces the checkpoint's coefficient)
     norm_tokens: int = Field(1024, ge=1)  # Dr. GRPO's constant: loss = sum over tokens / (rows * norm_tokens)

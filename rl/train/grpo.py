@@ -29,6 +29,21 @@ also noted where it happens below):
   rejection-sampling fine-tuning on the better-than-baseline rollouts with
   GRPO's clip and TIS (cf. asymmetric REINFORCE, Arnal et al. 2025, which lowers
   the baseline for the same reason).
+* **Malformed calls in reinforced rollouts** — ``no_reinforce_malformed`` (default off:
+  the papers credit every sampled token of a rollout with its advantage). Departure, on:
+  in a row with a *positive* advantage, the tokens of each model call that made a tool
+  call the parser or the schema rejected (``tool_call_started`` with ``valid: false``)
+  get no loss. Why: the reward already charges a malformed call
+  (:mod:`rl.reward`), but a solved rollout that recovered from one still scores far
+  above its group's failures, so rollout-level credit *reinforces* the broken call's
+  tokens with the rest — the measured runs' malformed-call rate rose under GRPO in
+  several seeds although every broken call costs reward. Rows with a negative
+  advantage keep every token (pushing a broken call down is right). The k-th sampled
+  segment is the k-th model call (:class:`agent.policies.tito.TokenInTokenOutPolicy`
+  appends one per call) and is matched to the k-th ``assistant_message`` event; a row
+  whose counts differ is trained unmasked and counted (``n_credit_unaligned``).
+  ``positive_malformed_token_frac`` (always measured) is the share of positive-advantage
+  tokens that belong to such calls: what the option takes out of the update.
 * **Zero-variance groups** (all rewards equal) have zero advantage everywhere;
   they are skipped before any forward (``frac_reward_zero_std``), as DAPO's
   dynamic sampling does. Departure from DAPO: we do not resample to refill the
@@ -97,8 +112,8 @@ if TYPE_CHECKING:
     from agent.model.transformer import MoETransformer
     from rl.config import GRPOConfig
 
-__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages", "policy_loss",
-           "select_rollouts", "token_tensors"]
+__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages",
+           "malformed_call_segments", "policy_loss", "select_rollouts", "token_tensors"]
 
 
 class RoutingReplayUnavailable(RuntimeError):
@@ -186,17 +201,34 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
     return sel
 
 
+def malformed_call_segments(rollout: Rollout) -> set[int] | None:
+    """Indices into ``rollout.segments`` of the sampled segments whose model call made at least
+    one malformed tool call (``tool_call_started`` with ``valid: false`` in ``rollout.events``).
+    ``None`` when the sampled segments and the ``assistant_message`` events differ in number, so
+    that calls cannot be matched to segments (a session that raised mid-call, say)."""
+    steps = [(e.get("turn", 0), e.get("step")) for e in rollout.events if e.get("type") == "assistant_message"]
+    sampled = [i for i, s in enumerate(rollout.segments) if s.sampled]
+    if len(steps) != len(sampled):
+        return None
+    bad = {(e.get("turn", 0), e.get("step")) for e in rollout.events
+           if e.get("type") == "tool_call_started" and not e.get("valid", True)}
+    return {i for i, step in zip(sampled, steps, strict=True) if step in bad}
+
+
 def token_tensors(rows: Sequence[Rollout], pad_id: int, *, max_len: int, with_routes: bool = False,
-                  ) -> dict[str, torch.Tensor]:
+                  drop: Sequence[set[int]] | None = None) -> dict[str, torch.Tensor]:
     """Right-padded tensors for ``rows``: ``input_ids [B, T]``; per predicted position
     (``T-1``, position ``t`` predicts token ``t+1``): ``mask``, ``sampler_logprobs``;
-    and ``routes [B, T, L, k]`` when asked. Raises ``ValueError`` naming the rollout
+    and ``routes [B, T, L, k]`` when asked. ``drop[i]``: indices into row ``i``'s segments
+    whose tokens get mask 0 although sampled. Raises ``ValueError`` naming the rollout
     whose data is inconsistent or too long."""
     import torch
 
     seqs = []
-    for r in rows:
+    for n_row, r in enumerate(rows):
         ids, mask, lps = r.token_ids, r.loss_mask, r.sampler_logprobs
+        if drop is not None and drop[n_row]:
+            mask = [int(s.sampled and k not in drop[n_row]) for k, s in enumerate(r.segments) for _ in s.token_ids]
         name = f"rollout {r.task_id}#{r.sample} (iteration {r.iteration})"
         if not ids:
             raise ValueError(f"{name} has no tokens")
@@ -335,9 +367,12 @@ class GRPOTrainer:
         model.train()
         n_rows = len(sel.rows)
         normaliser = float(n_rows * cfg.norm_tokens)
-        chunks = [sel.rows[i: i + cfg.micro_batch] for i in range(0, n_rows, cfg.micro_batch)]
-        batches = [token_tensors([r for r, _ in c], self.pad_id, max_len=model.cfg.max_seq_len,
-                                 with_routes=cfg.routing_replay) | {"adv": torch.tensor([a for _, a in c])}
+        drop, credit = _malformed_credit(sel.rows, mask_positive=cfg.no_reinforce_malformed)
+        metrics |= credit
+        chunks = [list(range(i, min(i + cfg.micro_batch, n_rows))) for i in range(0, n_rows, cfg.micro_batch)]
+        batches = [token_tensors([sel.rows[i][0] for i in c], self.pad_id, max_len=model.cfg.max_seq_len,
+                                 with_routes=cfg.routing_replay, drop=[drop[i] for i in c])
+                   | {"adv": torch.tensor([sel.rows[i][1] for i in c])}
                    for c in chunks]
         old: list[torch.Tensor | None] = [None] * len(batches)
         if cfg.minibatches > 1:  # off-policy after the first optimizer step: pi_old needs its own forward
@@ -405,6 +440,33 @@ class GRPOTrainer:
             # per policy token (the loss term is this times policy_tokens / (rows * norm_tokens))
             metrics["kl_ref"] = acc["kl_ref_sum"] / max(n_tok, 1.0)
         return metrics
+
+
+def _malformed_credit(rows: Sequence[tuple[Rollout, float]], *, mask_positive: bool
+                      ) -> tuple[list[set[int]], dict[str, float]]:
+    """Per row, the segments to leave out of the loss (malformed calls of positive-advantage rows,
+    when ``mask_positive``), and the measurements: ``positive_malformed_token_frac`` (share of
+    positive-advantage sampled tokens in malformed calls), ``malformed_tokens_unreinforced``
+    (tokens actually masked) and ``n_credit_unaligned`` (rows whose calls could not be matched)."""
+    drop: list[set[int]] = []
+    pos_tokens = pos_bad = masked = 0
+    unaligned = 0
+    for r, adv in rows:
+        segs = malformed_call_segments(r)
+        if segs is None:
+            unaligned += 1
+            segs = set()
+        if adv > 0:
+            pos_tokens += sum(len(s.token_ids) for s in r.segments if s.sampled)
+            bad = sum(len(r.segments[k].token_ids) for k in segs)
+            pos_bad += bad
+            if mask_positive:
+                masked += bad
+                drop.append(segs)
+                continue
+        drop.append(set())
+    return drop, {"positive_malformed_token_frac": pos_bad / pos_tokens if pos_tokens else 0.0,
+                  "malformed_tokens_unreinforced": float(masked), "n_credit_unaligned": float(unaligned)}
 
 
 def _token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

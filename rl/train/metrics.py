@@ -68,6 +68,7 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("blind-edit rate", ("blind_edit_rate", "heldout_blind_edit_rate")),
     ("malformed-call rate", ("malformed_call_rate", "heldout_malformed_call_rate")),
     ("malformed calls per rollout, by kind", tuple(f"rollout_malformed_{k}" for k in MALFORMED_KINDS)),
+    ("share of reinforced tokens in malformed calls", ("positive_malformed_token_frac",)),
     ("held-out malformed calls per rollout, by kind", tuple(f"heldout_rollout_malformed_{k}" for k in MALFORMED_KINDS)),
     ("model calls per rollout", ("rollout_model_calls",)),
     ("share of rollouts ended by a limit", ("rollout_limit_max_steps", "rollout_limit_max_tokens",

@@ -12,11 +12,12 @@ from rl.train.grpo import (
     GRPOTrainer,
     RoutingReplayUnavailable,
     group_advantages,
+    malformed_call_segments,
     policy_loss,
     select_rollouts,
     token_tensors,
 )
-from rl.types import RolloutStatus
+from rl.types import Rollout, RolloutStatus
 from tests.rl.train.helpers import rollout, tiny_model
 
 
@@ -237,3 +238,68 @@ def test_routing_replay_trains_with_the_sampler_routes() -> None:
     rs[0].segments[0].routes = None
     with pytest.raises(RoutingReplayUnavailable, match="without recorded routes"):
         GRPOTrainer(model, GRPOConfig(routing_replay=True), pad_id=0, lr=1e-2).step(rs)
+
+
+def _with_calls(r: Rollout, valid_by_call: list[bool | None]) -> Rollout:
+    """``r`` with session events: one ``assistant_message`` per model call; a call whose entry is
+    not None made one tool call, well-formed or not."""
+    events: list[dict[str, object]] = []
+    for step, valid in enumerate(valid_by_call):
+        events.append({"type": "assistant_message", "turn": 0, "step": step, "text": ""})
+        if valid is not None:
+            events.append({"type": "tool_call_started", "turn": 0, "step": step, "index": 0, "valid": valid})
+    r.events = events
+    return r
+
+
+def test_malformed_call_segments_match_calls_to_sampled_segments() -> None:
+    r = _with_calls(rollout(None, [1, 2], [[3], [4, 4], [5]]), [True, False, None])
+    # segments: prompt, call 0, result, call 1, result, call 2
+    assert malformed_call_segments(r) == {3}
+    assert malformed_call_segments(_with_calls(rollout(None, [1], [[3], [4]]), [True, True])) == set()
+    # two model calls recorded but three sampled segments: cannot be matched
+    assert malformed_call_segments(_with_calls(rollout(None, [1], [[3], [4], [5]]), [True, False])) is None
+
+
+def test_token_tensors_drop_leaves_the_named_segments_out_of_the_mask() -> None:
+    r = rollout(None, [1, 2], [[3, 3], [4, 4]])
+    full = token_tensors([r], 0, max_len=64)["mask"][0].tolist()
+    dropped = token_tensors([r], 0, max_len=64, drop=[{3}])["mask"][0].tolist()
+    # ids: 1 2 | 3 3 | 5 6 | 4 4 ; position t predicts token t+1
+    assert full == [0, 1, 1, 0, 0, 1, 1]
+    assert dropped == [0, 1, 1, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_no_reinforce_malformed_keeps_a_solved_rollouts_broken_call_from_rising(masked: bool) -> None:
+    """The solved rollout's second call (token 11) was malformed. Rollout-level credit (the
+    papers) raises it with the rest of the solution; with ``no_reinforce_malformed`` it gets no
+    positive gradient of its own and rises far less, while the solution's good call still rises."""
+    prompt = [1, 2, 3]
+
+    def run(mask: bool) -> tuple[float, float, dict[str, float]]:
+        model = tiny_model(seed=3)
+        win = _with_calls(rollout(model, prompt, [[10], [11]], sample=0, reward=1.0, between=[7]), [True, False])
+        lose = [_with_calls(rollout(model, prompt, [[20 + i]], sample=i + 1, reward=0.0), [True]) for i in range(3)]
+
+        def lps() -> tuple[float, float]:
+            out = model.logprobs(torch.tensor([prompt + [10, 7, 11]]))[0].tolist()
+            return out[2], out[4]  # log p(10 | prompt), log p(11 | prompt 10 7)
+
+        good0, bad0 = lps()
+        m = GRPOTrainer(model, GRPOConfig(group_size=4, norm_tokens=4, no_reinforce_malformed=mask),
+                        pad_id=0, lr=1e-2).step([win, *lose])
+        good1, bad1 = lps()
+        return good1 - good0, bad1 - bad0, m
+
+    good, bad, m = run(masked)
+    assert good > 1e-3
+    assert m["positive_malformed_token_frac"] == pytest.approx(0.5)
+    assert m["n_credit_unaligned"] == 0.0
+    if masked:
+        assert m["malformed_tokens_unreinforced"] == 1.0
+        _, bad_unmasked, _ = run(False)
+        assert bad < bad_unmasked / 2
+    else:
+        assert m["malformed_tokens_unreinforced"] == 0.0
+        assert bad > 1e-3
