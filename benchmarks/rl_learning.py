@@ -290,7 +290,8 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
                  "neg_adv_scale": args.neg_adv_scale, "lr_warmup_steps": args.lr_warmup_steps,
-                 "no_reinforce_malformed": args.no_reinforce_malformed},
+                 "no_reinforce_malformed": args.no_reinforce_malformed,
+                 "malformed_call_adv": args.malformed_call_adv},
         "limits": {"max_model_calls": args.max_model_calls,
                    "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
         "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens},
@@ -419,6 +420,9 @@ def main() -> None:
     ap.add_argument("--no-reinforce-malformed", action="store_true",
                     help="grpo.no_reinforce_malformed: leave model calls that made a malformed tool call out of "
                          "positive-advantage rollouts' loss (default off: the papers)")
+    ap.add_argument("--malformed-call-adv", type=float, default=0.0,
+                    help="grpo.malformed_call_adv: > 0 gives a malformed call's tokens the advantage min(A, -this) "
+                         "in every trained rollout (per-call credit; default 0: off)")
     ap.add_argument("--copy-head", action="store_true",
                     help="give the policy a copy head (agent.model.copy_head) before SFT: copying a path or a line "
                          "from the context becomes one attention lookup")
@@ -547,7 +551,8 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "neg_adv_scale": args.neg_adv_scale,
                                                                  "lr_warmup_steps": args.lr_warmup_steps,
                                                                  "no_reinforce_malformed":
-                                                                     args.no_reinforce_malformed},
+                                                                     args.no_reinforce_malformed,
+                                                                 "malformed_call_adv": args.malformed_call_adv},
               # --start: the recipe the adopted start was built with (its DAgger rounds, shell share, ...)
               "start_recipe": json.loads((args.start / "start.json").read_text())
               if getattr(args, "start", None) is not None and (args.start / "start.json").exists() else None,

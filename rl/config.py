@@ -58,6 +58,8 @@ class GRPOConfig(_Section):
     # leave the tokens of model calls that made a malformed tool call out of positive-advantage rows
     # (off = the papers: every token gets its rollout's advantage); see rl.train.grpo
     no_reinforce_malformed: bool = False
+    # > 0: the tokens of such a call get advantage min(A, -this) in every trained row (per-call credit)
+    malformed_call_adv: float = Field(0.0, ge=0.0, le=1.0)
     kl_coef: float = Field(0.0, ge=0.0)  # k3 KL to the initial policy; 0 = no reference model (default)
     aux_loss_coef: float = Field(0.01, ge=0.0)  # MoE load-balancing term (replaces the checkpoint's coefficient)
     norm_tokens: int = Field(1024, ge=1)  # Dr. GRPO's constant: loss = sum over tokens / (rows * norm_tokens)

@@ -44,6 +44,12 @@ also noted where it happens below):
   whose counts differ is trained unmasked and counted (``n_credit_unaligned``).
   ``positive_malformed_token_frac`` (always measured) is the share of positive-advantage
   tokens that belong to such calls: what the option takes out of the update.
+  ``malformed_call_adv`` ``c`` > 0 goes one step further (a per-call credit, departure
+  from every paper's rollout-level credit): the tokens of such a call get the advantage
+  ``min(A, -c)`` in every trained row, positive or negative — the parser's verdict is
+  about that call alone, so that call alone is pushed down, at least by ``c``. With it,
+  ``no_reinforce_malformed`` has no further effect (nothing is masked; the call is
+  pushed down instead).
 * **Zero-variance groups** (all rewards equal) have zero advantage everywhere;
   they are skipped before any forward (``frac_reward_zero_std``), as DAPO's
   dynamic sampling does. Departure from DAPO: we do not resample to refill the
@@ -113,7 +119,7 @@ if TYPE_CHECKING:
     from rl.config import GRPOConfig
 
 __all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages",
-           "malformed_call_segments", "policy_loss", "select_rollouts", "token_tensors"]
+           "malformed_call_segments", "policy_loss", "select_rollouts", "token_advantages", "token_tensors"]
 
 
 class RoutingReplayUnavailable(RuntimeError):
@@ -285,14 +291,15 @@ def supports_routing_replay(model: MoETransformer) -> bool:
 def policy_loss(new_lp: torch.Tensor, old_lp: torch.Tensor, sampler_lp: torch.Tensor, mask: torch.Tensor,
                 adv: torch.Tensor, cfg: GRPOConfig, normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The clipped, TIS-weighted token loss summed over ``mask`` and divided by ``normaliser``
-    (see the module docstring). ``adv`` is ``[B]``; the others ``[B, T]``. Returns the loss
+    (see the module docstring). ``adv`` is ``[B]`` (one per row) or ``[B, T]`` (per token,
+    :func:`token_advantages`); the others ``[B, T]``. Returns the loss
     and detached per-token sums for metrics (clip counts, TIS weights)."""
     import torch
 
     ratio = torch.exp(new_lp - old_lp)
     raw_w = torch.exp(old_lp - sampler_lp).detach()
     w = raw_w.clamp(max=cfg.tis_clip)
-    a = adv[:, None]
+    a = adv[:, None] if adv.dim() == 1 else adv
     clipped = ratio.clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high)
     surr = torch.minimum(ratio * a, clipped * a)
     loss = -(w * surr * mask).sum() / normaliser
@@ -367,13 +374,20 @@ class GRPOTrainer:
         model.train()
         n_rows = len(sel.rows)
         normaliser = float(n_rows * cfg.norm_tokens)
-        drop, credit = _malformed_credit(sel.rows, mask_positive=cfg.no_reinforce_malformed)
+        penalise = cfg.malformed_call_adv > 0
+        drop, credit = _malformed_credit(sel.rows, mask_positive=cfg.no_reinforce_malformed and not penalise)
         metrics |= credit
+        bad_segs = [malformed_call_segments(r) or set() for r, _ in sel.rows] if penalise else None
         chunks = [list(range(i, min(i + cfg.micro_batch, n_rows))) for i in range(0, n_rows, cfg.micro_batch)]
-        batches = [token_tensors([sel.rows[i][0] for i in c], self.pad_id, max_len=model.cfg.max_seq_len,
-                                 with_routes=cfg.routing_replay, drop=[drop[i] for i in c])
-                   | {"adv": torch.tensor([sel.rows[i][1] for i in c])}
-                   for c in chunks]
+        batches = []
+        for c in chunks:
+            b = token_tensors([sel.rows[i][0] for i in c], self.pad_id, max_len=model.cfg.max_seq_len,
+                              with_routes=cfg.routing_replay, drop=[drop[i] for i in c])
+            b["adv"] = torch.tensor([sel.rows[i][1] for i in c])
+            if bad_segs is not None:
+                b["adv"] = token_advantages([sel.rows[i] for i in c], [bad_segs[i] for i in c],
+                                            cfg.malformed_call_adv, b["mask"].shape[1])
+            batches.append(b)
         old: list[torch.Tensor | None] = [None] * len(batches)
         if cfg.minibatches > 1:  # off-policy after the first optimizer step: pi_old needs its own forward
             with torch.no_grad():
@@ -393,7 +407,7 @@ class GRPOTrainer:
                 old_lp = new_lp.detach() if old[j] is None else old[j]
                 loss, st = policy_loss(new_lp, old_lp, b["sampler_logprobs"], b["mask"], b["adv"], cfg,
                                        normaliser)
-                share = len(b["adv"]) / n_rows
+                share = b["adv"].shape[0] / n_rows
                 total = loss + share * out.aux_loss
                 if self.reference is not None:
                     with torch.no_grad():
@@ -440,6 +454,25 @@ class GRPOTrainer:
             # per policy token (the loss term is this times policy_tokens / (rows * norm_tokens))
             metrics["kl_ref"] = acc["kl_ref_sum"] / max(n_tok, 1.0)
         return metrics
+
+
+def token_advantages(rows: Sequence[tuple[Rollout, float]], bad: Sequence[set[int]], c: float,
+                     width: int) -> torch.Tensor:
+    """``[B, width]`` per predicted position (position ``t`` predicts token ``t+1``): each row's
+    advantage, and ``min(A, -c)`` where the predicted token belongs to a segment in ``bad[i]``
+    (the malformed calls, :func:`malformed_call_segments`)."""
+    import torch
+
+    out = torch.zeros(len(rows), width)
+    for i, ((r, adv), segs) in enumerate(zip(rows, bad, strict=True)):
+        out[i] = adv
+        pos = 0
+        for k, s in enumerate(r.segments):
+            n = len(s.token_ids)
+            if k in segs and n:
+                out[i, max(pos - 1, 0): pos - 1 + n] = min(adv, -c)
+            pos += n
+    return out
 
 
 def _malformed_credit(rows: Sequence[tuple[Rollout, float]], *, mask_positive: bool

@@ -15,6 +15,7 @@ from rl.train.grpo import (
     malformed_call_segments,
     policy_loss,
     select_rollouts,
+    token_advantages,
     token_tensors,
 )
 from rl.types import Rollout, RolloutStatus
@@ -303,3 +304,31 @@ def test_no_reinforce_malformed_keeps_a_solved_rollouts_broken_call_from_rising(
     else:
         assert m["malformed_tokens_unreinforced"] == 0.0
         assert bad > 1e-3
+
+
+def test_token_advantages_give_malformed_calls_their_own_negative_credit() -> None:
+    r = rollout(None, [1, 2], [[3, 3], [4, 4]])  # ids 1 2 | 3 3 | 5 6 | 4 4
+    adv = token_advantages([(r, 0.5)], [{3}], 0.2, 7)[0].tolist()
+    assert adv == pytest.approx([0.5, 0.5, 0.5, 0.5, 0.5, -0.2, -0.2])  # positions 5, 6 predict the 4s
+    # a negative row keeps its own advantage where it is already below -c
+    assert token_advantages([(r, -0.5)], [{3}], 0.2, 7)[0].tolist() == pytest.approx([-0.5] * 7)
+
+
+def test_malformed_call_adv_pushes_a_solved_rollouts_broken_call_down() -> None:
+    prompt = [1, 2, 3]
+    model = tiny_model(seed=3)
+    win = _with_calls(rollout(model, prompt, [[10], [11]], sample=0, reward=1.0, between=[7]), [True, False])
+    lose = [_with_calls(rollout(model, prompt, [[20 + i]], sample=i + 1, reward=0.0), [True]) for i in range(3)]
+
+    def lps() -> tuple[float, float]:
+        out = model.logprobs(torch.tensor([prompt + [10, 7, 11]]))[0].tolist()
+        return out[2], out[4]
+
+    good0, bad0 = lps()
+    GRPOTrainer(model, GRPOConfig(group_size=4, norm_tokens=4, malformed_call_adv=0.5), pad_id=0, lr=1e-2).step(
+        [win, *lose])
+    good1, bad1 = lps()
+    assert good1 > good0 + 1e-3
+    assert bad1 < bad0 - 1e-3
+    with pytest.raises(ValueError):
+        GRPOConfig(malformed_call_adv=-0.1)
