@@ -375,16 +375,16 @@ class GRPOTrainer:
         n_rows = len(sel.rows)
         normaliser = float(n_rows * cfg.norm_tokens)
         penalise = cfg.malformed_call_adv > 0
-        drop, credit = _malformed_credit(sel.rows, mask_positive=cfg.no_reinforce_malformed and not penalise)
+        bad_segs, drop, credit = _malformed_credit(sel.rows,
+                                                   mask_positive=cfg.no_reinforce_malformed and not penalise)
         metrics |= credit
-        bad_segs = [malformed_call_segments(r) or set() for r, _ in sel.rows] if penalise else None
         chunks = [list(range(i, min(i + cfg.micro_batch, n_rows))) for i in range(0, n_rows, cfg.micro_batch)]
         batches = []
         for c in chunks:
             b = token_tensors([sel.rows[i][0] for i in c], self.pad_id, max_len=model.cfg.max_seq_len,
                               with_routes=cfg.routing_replay, drop=[drop[i] for i in c])
             b["adv"] = torch.tensor([sel.rows[i][1] for i in c])
-            if bad_segs is not None:
+            if penalise:
                 b["adv"] = token_advantages([sel.rows[i] for i in c], [bad_segs[i] for i in c],
                                             cfg.malformed_call_adv, b["mask"].shape[1])
             batches.append(b)
@@ -476,11 +476,13 @@ def token_advantages(rows: Sequence[tuple[Rollout, float]], bad: Sequence[set[in
 
 
 def _malformed_credit(rows: Sequence[tuple[Rollout, float]], *, mask_positive: bool
-                      ) -> tuple[list[set[int]], dict[str, float]]:
-    """Per row, the segments to leave out of the loss (malformed calls of positive-advantage rows,
-    when ``mask_positive``), and the measurements: ``positive_malformed_token_frac`` (share of
+                      ) -> tuple[list[set[int]], list[set[int]], dict[str, float]]:
+    """Per row, its malformed calls' segments (:func:`malformed_call_segments`; empty when
+    unmatched) and the segments to leave out of the loss (those of positive-advantage rows, when
+    ``mask_positive``); and the measurements: ``positive_malformed_token_frac`` (share of
     positive-advantage sampled tokens in malformed calls), ``malformed_tokens_unreinforced``
     (tokens actually masked) and ``n_credit_unaligned`` (rows whose calls could not be matched)."""
+    bad_segs: list[set[int]] = []
     drop: list[set[int]] = []
     pos_tokens = pos_bad = masked = 0
     unaligned = 0
@@ -489,6 +491,7 @@ def _malformed_credit(rows: Sequence[tuple[Rollout, float]], *, mask_positive: b
         if segs is None:
             unaligned += 1
             segs = set()
+        bad_segs.append(segs)
         if adv > 0:
             pos_tokens += sum(len(s.token_ids) for s in r.segments if s.sampled)
             bad = sum(len(r.segments[k].token_ids) for k in segs)
@@ -498,7 +501,7 @@ def _malformed_credit(rows: Sequence[tuple[Rollout, float]], *, mask_positive: b
                 drop.append(segs)
                 continue
         drop.append(set())
-    return drop, {"positive_malformed_token_frac": pos_bad / pos_tokens if pos_tokens else 0.0,
+    return bad_segs, drop, {"positive_malformed_token_frac": pos_bad / pos_tokens if pos_tokens else 0.0,
                   "malformed_tokens_unreinforced": float(masked), "n_credit_unaligned": float(unaligned)}
 
 
