@@ -20,6 +20,12 @@ replaces, a policy has to guess it). Not measured: forms no demonstration shows
 (e.g. skipping the tests), which a policy could discover; a ``blind`` demonstration is recorded
 without its deliberate failure (``fail_blind=False``).
 
+``--narration N`` (``sft.narration``): every style is recorded twice, without narration and with
+0..N sentences before each model call (``rl.train.demos.scripted_outputs``); the mix is then the
+narrated one (what such a start imitates) and the shortest forms the plain ones (the floor a policy
+reaches by dropping the narration *and* choosing the shortest form), so the ratios say how much room
+narration adds. Narrated styles are reported as ``STYLE+narration``.
+
     .venv/bin/python benchmarks/rl_demo_tokens.py --tasks TASKS.jsonl --tokenizer START/init --per-family 16
 """
 
@@ -45,8 +51,10 @@ UNINFORMED = frozenset({"blind"})
 a policy does not, so the shortest *informed* style is the reachable floor of the two reported."""
 
 
-def demo_lengths(tasks: list[Any], tokenizer: Any, *, sandbox: Any, store_dir: Path) -> list[dict[str, Any]]:
-    """One row per (task, style): sampled tokens, model calls and how the turn ended."""
+def demo_lengths(tasks: list[Any], tokenizer: Any, *, sandbox: Any, store_dir: Path,
+                 narration: int = 0) -> list[dict[str, Any]]:
+    """One row per (task, style, narration): sampled tokens, model calls and how the turn ended
+    (narration 0 always; ``narration`` as well when it is > 0)."""
     from agent.prompt import profile_named
     from rl.tasks.workspaces import materialise
     from rl.train.demos import STYLES, demo_segments, demo_task_from_patch, record_demo, shell_edit_for, tighten
@@ -68,14 +76,15 @@ def demo_lengths(tasks: list[Any], tokenizer: Any, *, sandbox: Any, store_dir: P
             try:
                 demo_task = tighten(demo_task, lambda p: base.read_bytes(p).decode())
                 styles = [*STYLES, *(["shell"] if demo_task.shell_edit is not None else [])]
-                for style in styles:
+                for style, talk in [(st, n) for st in styles for n in sorted({0, narration})]:
                     ws = base.fork()
                     try:
-                        demo = asyncio.run(record_demo(demo_task, style, ws, sandbox, profile=profile, seed=i))
+                        demo = asyncio.run(record_demo(demo_task, style, ws, sandbox, profile=profile, seed=i,
+                                                       narration=talk))
                     finally:
                         ws.delete()
                     segs = demo_segments(demo, tokenizer)
-                    rows.append({"task": task.id, "family": task.family, "style": style,
+                    rows.append({"task": task.id, "family": task.family, "style": style, "narration": talk,
                                  "tokens": sum(len(s.token_ids) for s in segs if s.sampled),
                                  "model_calls": len(demo.outputs), "turn_end": demo.turn_end})
             finally:
@@ -94,19 +103,24 @@ def summarise(rows: list[dict[str, Any]], shell_share: float) -> dict[str, Any]:
         by_task.setdefault(r["task"], []).append(r)
 
     def mix(task_rows: list[dict[str, Any]]) -> float:
+        most = max(r.get("narration", 0) for r in task_rows)  # the narrated rows, when recorded
+        task_rows = [r for r in task_rows if r.get("narration", 0) == most]
         plain = [r["tokens"] for r in task_rows if r["style"] != "shell"]
         shell = [r["tokens"] for r in task_rows if r["style"] == "shell"]
         expected = statistics.fmean(plain)
         return (1 - shell_share) * expected + shell_share * shell[0] if shell else expected
 
-    per_task = {t: {"family": rs[0]["family"], "mix": mix(rs), "shortest": min(r["tokens"] for r in rs),
-                    "shortest_style": min(rs, key=lambda r: r["tokens"])["style"],
-                    "shortest_informed": min(r["tokens"] for r in rs if r["style"] not in UNINFORMED)}
+    def floor(task_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in task_rows if not r.get("narration", 0)]  # the floor: no narration
+
+    per_task = {t: {"family": rs[0]["family"], "mix": mix(rs), "shortest": min(r["tokens"] for r in floor(rs)),
+                    "shortest_style": min(floor(rs), key=lambda r: r["tokens"])["style"],
+                    "shortest_informed": min(r["tokens"] for r in floor(rs) if r["style"] not in UNINFORMED)}
                 for t, rs in by_task.items()}
     out: dict[str, Any] = {}
     for fam in sorted({p["family"] for p in per_task.values()}) + ["all"]:
         ts = [p for p in per_task.values() if fam in ("all", p["family"])]
-        rs = [r for r in rows if fam in ("all", r["family"])]
+        rs = [r | {"style": _label(r)} for r in rows if fam in ("all", r["family"])]
         styles = sorted({r["style"] for r in rs})
         m, s = statistics.fmean(p["mix"] for p in ts), statistics.fmean(p["shortest"] for p in ts)
         si = statistics.fmean(p["shortest_informed"] for p in ts)
@@ -121,12 +135,18 @@ def summarise(rows: list[dict[str, Any]], shell_share: float) -> dict[str, Any]:
     return out
 
 
+def _label(row: dict[str, Any]) -> str:
+    return row["style"] + ("+narration" if row.get("narration", 0) else "")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=Path, required=True, help="a task set (flywheel rl tasks build)")
     ap.add_argument("--tokenizer", type=Path, required=True, help="a checkpoint directory with tokenizer.json")
     ap.add_argument("--per-family", type=int, default=16, help="training tasks drawn per family")
     ap.add_argument("--shell-share", type=float, default=DEFAULT_SHELL_SHARE, help="sft.shell_share of the mix")
+    ap.add_argument("--narration", type=int, default=0,
+                    help="sft.narration of the mix (0..N sentences before each model call); 0: none")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="rl_demo_tokens")
     args = ap.parse_args()
@@ -146,7 +166,8 @@ def main() -> None:
         raise SystemExit(f"{args.tasks} has no train-split tasks")
     tok = Tokenizer.load(args.tokenizer)
     with tempfile.TemporaryDirectory(prefix="demo-tokens-") as tmp:
-        rows = demo_lengths(drawn, tok, sandbox=make_sandbox(), store_dir=Path(tmp) / "store")
+        rows = demo_lengths(drawn, tok, sandbox=make_sandbox(), store_dir=Path(tmp) / "store",
+                            narration=args.narration)
     if not rows:
         raise SystemExit("no task had a demonstration")
     summary = summarise(rows, args.shell_share)
@@ -158,7 +179,8 @@ def main() -> None:
     write_result(args.name, {"config": {"tasks": str(args.tasks), "tokenizer": str(args.tokenizer),
                                         "tasks_sha256": hashlib.sha256(args.tasks.read_bytes()).hexdigest(),
                                         "per_family": args.per_family,
-                                        "shell_share": args.shell_share, "seed": args.seed},
+                                        "shell_share": args.shell_share, "narration": args.narration,
+                                        "seed": args.seed},
                              "summary": summary,
                              "turn_ends": {e: sum(r["turn_end"] == e for r in rows)
                                            for e in sorted({r["turn_end"] for r in rows})}})

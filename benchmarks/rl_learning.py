@@ -136,7 +136,7 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         "lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": args.sft_steps, "eval_every": 50,
         "patience": args.sft_patience, "demos_per_task": 1, "renamings": args.sft_renamings,
         "edit_context": args.sft_edit_context, "copy_weight": args.sft_copy_weight,
-        "shell_share": args.sft_shell_share}}))
+        "shell_share": args.sft_shell_share, "narration": args.sft_narration}}))
     rc = _cmd_sft(argparse.Namespace(tasks=tasks_file, init=init, out=sft, config=root / "sft.json",
                                      seed=sft_seed))
     if rc != 0:
@@ -192,6 +192,7 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
         "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
         "preset": args.preset, "copy_head": args.copy_head, "tasks_sha256": _sha256(root / "tasks.jsonl"),
         "dagger_rounds": args.dagger_rounds, "sft_shell_share": args.sft_shell_share,
+        "sft_narration": args.sft_narration,
         "pretrain_sources": list(getattr(args, "pretrain_sources", ["stdlib", "site-packages"])),
         # the pretraining corpus (agent.model.corpus: the stdlib and the installed packages' sources, so
         # another environment's package versions give another corpus under the same seeds); None when
@@ -257,7 +258,8 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
             "sft": {"lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": 0, "eval_every": 50,
                     "patience": args.sft_patience, "demos_per_task": 1, "renamings": args.sft_renamings,
                     "edit_context": args.sft_edit_context, "copy_weight": args.sft_copy_weight,
-                    "shell_share": args.sft_shell_share, "dagger_rounds": args.dagger_rounds,
+                    "shell_share": args.sft_shell_share, "narration": args.sft_narration,
+                    "dagger_rounds": args.dagger_rounds,
                     "dagger_tasks": args.dagger_tasks, "dagger_heldout_tasks": 64,
                     "dagger_max_steps": args.dagger_steps},
             "limits": {"max_model_calls": args.max_model_calls,
@@ -291,7 +293,7 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
                  "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
                  "neg_adv_scale": args.neg_adv_scale, "lr_warmup_steps": args.lr_warmup_steps,
                  "no_reinforce_malformed": args.no_reinforce_malformed,
-                 "malformed_call_adv": args.malformed_call_adv},
+                 "malformed_call_adv": args.malformed_call_adv, "length_coef": args.length_coef},
         "limits": {"max_model_calls": args.max_model_calls,
                    "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
         "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens},
@@ -423,6 +425,9 @@ def main() -> None:
     ap.add_argument("--malformed-call-adv", type=float, default=0.0,
                     help="grpo.malformed_call_adv: > 0 gives a malformed call's tokens the advantage min(A, -this) "
                          "in every trained rollout (per-call credit; default 0: off)")
+    ap.add_argument("--length-coef", type=float, default=0.0,
+                    help="grpo.length_coef: Kimi k1.5's group-relative length reward times this (default 0: off; "
+                         "at most 0.2)")
     ap.add_argument("--copy-head", action="store_true",
                     help="give the policy a copy head (agent.model.copy_head) before SFT: copying a path or a line "
                          "from the context becomes one attention lookup")
@@ -444,6 +449,9 @@ def main() -> None:
     ap.add_argument("--sft-shell-share", type=float, default=0.0,
                     help="sft.shell_share: the share of rename demonstrations done with one sed command "
                          "(rl.train.demos, the shell style) instead of one edit_file per file")
+    ap.add_argument("--sft-narration", type=int, default=0,
+                    help="sft.narration: at most this many sentences of narration before each demonstrated "
+                         "model call (rl.train.demos), the waste RL can learn to drop")
     ap.add_argument("--dagger-rounds", type=int, default=0,
                     help="DAgger rounds after SFT: the SFT model's own rollouts relabelled by the scripted solver")
     ap.add_argument("--dagger-tasks", type=int, default=400, help="SFT-train tasks per DAgger round")
@@ -539,6 +547,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "sft_patience": args.sft_patience,
                                                                  "sft_copy_weight": args.sft_copy_weight,
                                                                  "sft_shell_share": args.sft_shell_share,
+                                                                 "sft_narration": args.sft_narration,
                                                                  "dagger_rounds": args.dagger_rounds,
                                                                  "dagger_tasks": args.dagger_tasks,
                                                                  "dagger_steps": args.dagger_steps,
@@ -552,7 +561,8 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "lr_warmup_steps": args.lr_warmup_steps,
                                                                  "no_reinforce_malformed":
                                                                      args.no_reinforce_malformed,
-                                                                 "malformed_call_adv": args.malformed_call_adv},
+                                                                 "malformed_call_adv": args.malformed_call_adv,
+                                                                 "length_coef": args.length_coef},
               # --start: the recipe the adopted start was built with (its DAgger rounds, shell share, ...)
               "start_recipe": json.loads((args.start / "start.json").read_text())
               if getattr(args, "start", None) is not None and (args.start / "start.json").exists() else None,

@@ -60,6 +60,9 @@ class GRPOConfig(_Section):
     no_reinforce_malformed: bool = False
     # > 0: the tokens of such a call get advantage min(A, -this) in every trained row (per-call credit)
     malformed_call_adv: float = Field(0.0, ge=0.0, le=1.0)
+    # Kimi k1.5's group-relative length reward, times this (0: off); see rl.train.grpo "Length term".
+    # At most 0.2, so a solved rollout still scores above every failure of its group
+    length_coef: float = Field(0.0, ge=0.0, le=0.2)
     kl_coef: float = Field(0.0, ge=0.0)  # k3 KL to the initial policy; 0 = no reference model (default)
     aux_loss_coef: float = Field(0.01, ge=0.0)  # MoE load-balancing term (replaces the checkpoint's coefficient)
     norm_tokens: int = Field(1024, ge=1)  # Dr. GRPO's constant: loss = sum over tokens / (rows * norm_tokens)
@@ -138,6 +141,9 @@ class SFTConfig(_Section):
     # the share of demonstrations of a task whose change is one shell command (a rename: sed over its
     # package; rl.train.demos.shell_edit_for) recorded in the "shell" style instead of the drawn one
     shell_share: float = Field(0.0, ge=0.0, le=1.0)
+    # at most this many sentences of narration before each demonstrated model call (0..N drawn per call;
+    # rl.train.demos.scripted_outputs): the wasted tokens real traces carry, for RL to learn to drop
+    narration: int = Field(0, ge=0, le=4)
     # DAgger rounds after SFT (rl.train.dagger): free-running rollouts of the SFT tasks (limits and
     # max_tokens_per_call from this config), each model call relabelled with the scripted solver's
     # next output, then SFT again on demonstrations + relabelled calls

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import keyword
 import random
 import re
@@ -130,13 +131,67 @@ def _edit(e: Edit) -> str:
     return encode_call("edit_file", {"path": e.path, "search": e.search, "replace": e.replace})
 
 
-def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_blind: bool = False) -> list[str]:
-    """The model outputs of one demonstration, one string per model call (see the module docstring)."""
+# Narration (``narration`` > 0): sentences a model writes before its calls, as real agents do. Each
+# names what the call is for, with the task's own paths and names, so it is plausible text and not
+# filler; none carries information the call itself lacks. Keys are the kind of model call.
+_NARRATION: dict[str, tuple[str, ...]] = {
+    "read": ("I'll start by reading {paths} to see what the code does.",
+             "The request mentions `{ident}`, so I want to see where it is used first.",
+             "Before changing anything I should understand the current behaviour of `{ident}`.",
+             "Let me open {paths} and check how the pieces fit together.",
+             "It is safer to read the code and the test before making an edit.",
+             "I need to know what `{ident}` looks like now in {path}."),
+    "grep": ("I don't know yet which file defines `{ident}`, so I'll search for it.",
+             "A search for `{ident}` should show me where it lives and who uses it.",
+             "Let me find every place that mentions `{ident}` before deciding what to change.",
+             "Searching first is quicker than opening files one by one."),
+    "edit": ("Now I understand the problem, and the fix belongs in {path}.",
+             "The change is small: I'll edit `{ident}` in {path} and leave the rest alone.",
+             "I'll make the minimal edit that satisfies the request.",
+             "Here is the change to {path}; nothing else needs to move.",
+             "This edit should make the failing behaviour match what the test expects."),
+    "shell": ("This is a mechanical change across the package, so one command will do it.",
+              "Editing each file by hand would take several calls; a single sed command covers all of them.",
+              "I'll apply the change to every matching file at once."),
+    "test": ("Now I'll run the tests to confirm the change works.",
+             "Let me check the fix with `{test}`.",
+             "Running the test suite to make sure nothing else broke.",
+             "The edit is in; the tests will tell whether it is right."),
+    "answer": ("I read the code, made the change in {path}, and verified it with the tests.",
+               "The task is complete.",
+               "The change is limited to what the request asked for.",
+               "Nothing else in the workspace was modified."),
+}
+
+
+def _narrate(kind: str, task: DemoTask, rng: random.Random, most: int, first: str | None = None) -> str:
+    """0..``most`` distinct sentences of ``kind`` (drawn uniformly), filled in with ``task``'s names,
+    each on its own line and followed by a newline; "" for none (or ``most`` 0)."""
+    n = rng.randint(0, most) if most > 0 else 0
+    if n == 0:
+        return ""
+    path = first or task.paths[0]
+    fill = {"paths": ", ".join(task.paths), "path": path, "ident": task.grep_hint or grep_pattern(task.edits[0]),
+            "test": task.test_command}
+    return "".join(s.format(**fill) + "\n" for s in rng.sample(_NARRATION[kind], min(n, len(_NARRATION[kind]))))
+
+
+def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_blind: bool = False,
+                     narration: int = 0) -> list[str]:
+    """The model outputs of one demonstration, one string per model call (see the module docstring).
+
+    ``narration`` > 0: every model call's output starts with 0..``narration`` sentences
+    (uniform per call, :data:`_NARRATION`) saying what the call is for — the waste real traces
+    carry and RL can learn to drop (the tokens-per-solved-task objective); the fixed opening line
+    of ``parallel``/``sequential`` is then replaced by them. 0 (the default) draws nothing extra,
+    so a seed gives the same outputs as before the option existed."""
     say = rng.choice(["Let me look at the code first.", "I'll inspect the relevant files.", "Checking the code."])
     test = encode_call("run_command", {"command": task.test_command})
     fix = "\n".join(_edit(e) for e in task.edits)
     answer = rng.choice(["The fix is in and the tests pass.", "Done: the change is made and the tests pass."])
     out: list[str]
+    if narration > 0:
+        return _narrated(task, style, rng, narration, fail_blind=fail_blind, test=test, fix=fix, answer=answer)
     if style == "parallel":
         out = [say + "\n" + "\n".join(_read(p) for p in task.paths), fix, test]
     elif style == "sequential":
@@ -161,6 +216,43 @@ def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_b
     return out + [answer]
 
 
+def _narrated(task: DemoTask, style: Style, rng: random.Random, most: int, *, fail_blind: bool, test: str,
+              fix: str, answer: str) -> list[str]:
+    """:func:`scripted_outputs` with narration: the same calls in the same order, each output
+    prefixed with what :func:`_narrate` draws for its kind."""
+    say = functools.partial(_narrate, task=task, rng=rng, most=most)
+    reads = [_read(p) for p in task.paths]
+    calls: list[tuple[str, str]]  # (kind, the calls of one model output)
+    focus: dict[int, str] = {}  # call index -> the one path its narration is about (default: the first path)
+    if style == "parallel":
+        calls = [("read", "\n".join(reads)), ("edit", fix), ("test", test)]
+    elif style == "sequential":
+        calls = [("read", r) for r in reads] + [("edit", fix), ("test", test)]
+        focus = dict(enumerate(task.paths))  # call k reads paths[k]: its narration names that file
+    elif style == "search":
+        calls = [("grep", encode_call("grep", {"pattern": task.grep_hint or grep_pattern(task.edits[0])})),
+                 ("read", "\n".join(reads)), ("edit", fix), ("test", test)]
+    elif style == "shell":
+        if task.shell_edit is None:
+            raise ValueError(f"{task.task_id}: the shell style needs a task whose change is one command (shell_edit)")
+        calls = [("grep", encode_call("grep", {"pattern": task.grep_hint or grep_pattern(task.edits[0])}))] \
+            if rng.random() < 0.5 else []
+        calls += [("shell", encode_call("run_command", {"command": task.shell_edit})), ("test", test)]
+    elif style == "blind":
+        calls = []
+        if fail_blind:
+            first = task.edits[0]
+            wrong = Edit(first.path, first.search.replace(" ", "  ", 1) + "# guessed\n", first.replace)
+            calls += [("edit", _edit(wrong)), ("read", "That edit did not match; reading the file.\n" + _read(first.path))]
+        calls += [("edit", fix), ("test", test)]
+    else:
+        raise ValueError(f"unknown demonstration style {style!r}: choose from {', '.join(STYLES)}")
+    first_edit = task.edits[0].path
+    out = [say(kind, first=first_edit if kind == "edit" else focus.get(k)) + body
+           for k, (kind, body) in enumerate(calls)]
+    return out + [answer + ("\n" + tail.rstrip("\n") if (tail := say("answer", first=first_edit)) else "")]
+
+
 @dataclass
 class Demonstration:
     task_id: str
@@ -172,7 +264,8 @@ class Demonstration:
 
 
 async def record_demo(task: DemoTask, style: Style, workspace: Workspace, sandbox: Sandbox | None, *,
-                      profile: PromptProfile, seed: int = 0, fail_blind: bool = False) -> Demonstration:
+                      profile: PromptProfile, seed: int = 0, fail_blind: bool = False,
+                      narration: int = 0) -> Demonstration:
     """Run one demonstration through the production runtime on ``workspace`` (the caller's fork,
     which it deletes). The returned prompts are the exact ones the runtime rendered."""
     from agent.events import ListSink
@@ -180,7 +273,7 @@ async def record_demo(task: DemoTask, style: Style, workspace: Workspace, sandbo
     from agent.runtime import SessionParts, build_session
     from agent.session import Limits
 
-    outputs = scripted_outputs(task, style, rng=random.Random(seed), fail_blind=fail_blind)
+    outputs = scripted_outputs(task, style, rng=random.Random(seed), fail_blind=fail_blind, narration=narration)
     policy = ScriptedPolicy(outputs)
     sink = ListSink()
     session = build_session(SessionParts(workspace, sandbox), policy=policy, profile=profile, sink=sink,
@@ -241,7 +334,7 @@ class DemoSet:
 def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: PromptProfile,
                       sandbox: Sandbox | None, store: WorkspaceStore, max_len: int, per_task: int = 1,
                       seed: int = 0, renamings: int = 0, tight: bool = True, shell_share: float = 0.0,
-                      progress: Callable[[], None] | None = None) -> DemoSet:
+                      narration: int = 0, progress: Callable[[], None] | None = None) -> DemoSet:
     """``per_task`` demonstrations of each task, each in a style drawn from
     ``random.Random(f"{seed}:{task.id}:{k}")`` (uniform over :data:`STYLES`; a blind one fails
     its first edit half the time), recorded on a fresh fork of the task's start and tokenised.
@@ -255,7 +348,9 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
     makes its ``search`` unique (:mod:`rl.train.tight_edits`). ``shell_share``: the share of the
     demonstrations of a task with a one-command form (:func:`shell_edit_for`) recorded in the
     ``shell`` style instead of the drawn one (drawn after it, so 0 leaves every other draw as it
-    was). Not guaranteed: that every demonstration's tests pass (see the module docstring)."""
+    was). ``narration``: at most that many sentences before each model call's calls
+    (:func:`scripted_outputs`). Not guaranteed: that every demonstration's tests pass (see the
+    module docstring)."""
     import asyncio
 
     from rl.tasks.workspaces import materialise
@@ -284,7 +379,8 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
                 try:
                     demo = asyncio.run(record_demo(demo_task, style, ws, sandbox, profile=profile,
                                                    seed=rng.randrange(1 << 30),
-                                                   fail_blind=style == "blind" and rng.random() < 0.5))
+                                                   fail_blind=style == "blind" and rng.random() < 0.5,
+                                                   narration=narration))
                 finally:
                     ws.delete()
                 for j, variant in enumerate([demo, *_renamed(task, demo, renamings, rng, out)]):

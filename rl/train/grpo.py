@@ -50,6 +50,20 @@ also noted where it happens below):
   about that call alone, so that call alone is pushed down, at least by ``c``. With it,
   ``no_reinforce_malformed`` has no further effect (nothing is masked; the call is
   pushed down instead).
+* **Length term** — ``length_coef`` ``w`` (default 0: off, the papers above have none). Kimi
+  k1.5's length reward (Kimi Team 2025, sec. 2.3.3), group-relative: with ``L_i`` rollout
+  ``i``'s policy-sampled tokens and ``L_min``/``L_max`` its group's, ``lam_i = 0.5 - (L_i -
+  L_min) / (L_max - L_min)``; a solved rollout (reward term ``success`` 1) gets ``w * lam_i``
+  added to its reward, an unsolved one ``w * min(0, lam_i)`` (long failures pay, short ones
+  earn nothing), before the advantages; nothing when all lengths are equal. Why: the rollout
+  reward's ``effort`` term counts model calls, so tokens spent *inside* a call (narration, long
+  edits) are free, and the tokens-per-solved-task objective has no signal. Departures from
+  Kimi: it is added here, per group, not in :mod:`rl.reward` (it needs the group; a rollout's
+  own reward stays what the session log records), and there is no warm-up schedule (Kimi
+  found it slows early training and enables it late; our runs are 3-6 updates long). With
+  ``w <= 0.2`` a solved rollout still scores above every failure in its group (the smallest
+  success is > 0.3 above the largest failure, :mod:`rl.reward`). ``length_bonus_mean`` records
+  the mean term over the rollouts of the groups it was computed for.
 * **Zero-variance groups** (all rewards equal) have zero advantage everywhere;
   they are skipped before any forward (``frac_reward_zero_std``), as DAPO's
   dynamic sampling does. Departure from DAPO: we do not resample to refill the
@@ -107,7 +121,7 @@ import inspect
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rl.types import Rollout, RolloutStatus
@@ -118,7 +132,7 @@ if TYPE_CHECKING:
     from agent.model.transformer import MoETransformer
     from rl.config import GRPOConfig
 
-__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages",
+__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages", "length_terms",
            "malformed_call_segments", "policy_loss", "select_rollouts", "token_advantages", "token_tensors"]
 
 
@@ -158,6 +172,7 @@ class BatchSelection:
     n_groups_too_small: int = 0  # fewer than 2 usable rollouts left: no baseline
     # scored, in the group's baseline, but nothing sampled to train on (a limit hit before the first token)
     n_no_tokens: int = 0
+    length_terms: list[float] = field(default_factory=list)  # the length term of every grouped rollout (length_coef > 0)
 
     @property
     def frac_reward_zero_std(self) -> float:
@@ -169,7 +184,8 @@ class BatchSelection:
                 "n_groups": self.n_groups, "n_groups_zero_std": self.n_groups_zero_std,
                 "n_groups_too_small": self.n_groups_too_small,
                 "frac_reward_zero_std": self.frac_reward_zero_std, "n_no_tokens": self.n_no_tokens,
-                "n_trained": len(self.rows)}
+                "n_trained": len(self.rows)} | (
+                    {"length_bonus_mean": sum(self.length_terms) / len(self.length_terms)} if self.length_terms else {})
 
 
 def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelection:
@@ -195,6 +211,10 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
             sel.n_groups_too_small += 1
             continue
         rewards = [float(r.reward) for r in group]  # type: ignore[arg-type]
+        if cfg.length_coef > 0:
+            bonus = length_terms(group, cfg.length_coef)
+            rewards = [r + x for r, x in zip(rewards, bonus, strict=True)]
+            sel.length_terms += bonus
         if max(rewards) - min(rewards) == 0.0:
             sel.n_groups_zero_std += 1
             continue
@@ -205,6 +225,18 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
             else:  # its reward still counts in the baseline above; it has no token to take a gradient on
                 sel.n_no_tokens += 1
     return sel
+
+
+def length_terms(group: Sequence[Rollout], coef: float) -> list[float]:
+    """Kimi k1.5's group-relative length reward of each rollout of one group, times ``coef`` (see
+    "Length term" in the module docstring): ``coef * lam`` for a solved rollout, ``coef * min(0,
+    lam)`` for an unsolved one; all zeros when every rollout sampled as many tokens."""
+    lengths = [sum(len(s.token_ids) for s in r.segments if s.sampled) for r in group]
+    lo, hi = min(lengths), max(lengths)
+    if hi == lo:
+        return [0.0] * len(group)
+    lam = [0.5 - (n - lo) / (hi - lo) for n in lengths]
+    return [coef * (x if r.reward_terms.get("success", 0.0) >= 1.0 else min(0.0, x)) for r, x in zip(group, lam, strict=True)]
 
 
 def malformed_call_segments(rollout: Rollout) -> set[int] | None:

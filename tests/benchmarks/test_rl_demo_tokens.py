@@ -43,6 +43,16 @@ def test_the_mix_weighs_styles_like_the_sft_draw_and_blind_is_not_an_informed_fl
     assert out["all"]["styles"]["shell"] == {"tokens": 80, "model_calls": 3, "n": 1}
 
 
+def test_with_narration_the_mix_is_narrated_and_the_floor_is_plain() -> None:
+    rows = [{"task": "a", "family": "fix_bug", "style": s, "narration": n, "tokens": t, "model_calls": 3}
+            for s, n, t in (("parallel", 0, 200), ("parallel", 3, 320), ("search", 0, 240), ("search", 3, 400),
+                            ("blind", 0, 120), ("blind", 3, 180))]
+    out = _module().summarise(rows, shell_share=0.5)["fix_bug"]
+    assert out["mix_tokens"] == pytest.approx((320 + 400 + 180) / 3)  # what a narrating start imitates
+    assert out["shortest_tokens"] == 120 and out["shortest_informed_tokens"] == 200  # narration dropped
+    assert out["styles"]["parallel+narration"]["tokens"] == 320 and out["styles"]["parallel"]["tokens"] == 200
+
+
 @pytest.mark.benchmark_smoke
 def test_it_records_every_style_of_real_tasks(tmp_path: Path) -> None:
     tasks = tmp_path / "tasks.jsonl"

@@ -49,3 +49,13 @@ def test_limits_become_the_runtimes_limits() -> None:
     lim = LimitsConfig(max_model_calls=3, max_output_tokens=77, max_wall_s=9.5).to_limits()
     assert isinstance(lim, Limits)
     assert (lim.max_steps, lim.max_output_tokens, lim.max_wall_s) == (3, 77, 9.5)
+
+
+def test_sft_narration_is_bounded() -> None:
+    from pydantic import ValidationError
+
+    from rl.config import SFTConfig
+
+    assert SFTConfig(narration=3).narration == 3 and SFTConfig().narration == 0
+    with pytest.raises(ValidationError, match="narration"):
+        SFTConfig(narration=5)

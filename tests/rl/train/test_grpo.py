@@ -12,6 +12,7 @@ from rl.train.grpo import (
     GRPOTrainer,
     RoutingReplayUnavailable,
     group_advantages,
+    length_terms,
     malformed_call_segments,
     policy_loss,
     select_rollouts,
@@ -332,3 +333,43 @@ def test_malformed_call_adv_pushes_a_solved_rollouts_broken_call_down() -> None:
     assert bad1 < bad0 - 1e-3
     with pytest.raises(ValueError):
         GRPOConfig(malformed_call_adv=-0.1)
+
+
+def _solved(r: Rollout, solved: bool) -> Rollout:
+    r.reward_terms = {"success": 1.0 if solved else 0.0}
+    return r
+
+
+def test_length_terms_are_kimis_group_relative_length_reward() -> None:
+    # sampled lengths 2, 4, 6 (solved, solved, failed) and 4 (failed): lam = 0.5, 0, -0.5, 0
+    group = [_solved(rollout(None, [1], [[3, 3]], sample=0, reward=1.0), True),
+             _solved(rollout(None, [1], [[3], [3, 3, 3]], sample=1, reward=1.0), True),
+             _solved(rollout(None, [1], [[3] * 6], sample=2, reward=0.0), False),
+             _solved(rollout(None, [1], [[3] * 4], sample=3, reward=0.0), False)]
+    assert length_terms(group, 0.2) == pytest.approx([0.1, 0.0, -0.1, 0.0])
+    # a short failure earns nothing: only successes are paid for being short
+    short_fail = [_solved(rollout(None, [1], [[3]], sample=0, reward=0.0), False),
+                  _solved(rollout(None, [1], [[3] * 5], sample=1, reward=1.0), True)]
+    assert length_terms(short_fail, 0.2) == pytest.approx([0.0, -0.1])
+    assert length_terms(group[:1] * 2, 0.2) == [0.0, 0.0]  # equal lengths: no term
+
+
+def test_length_coef_ranks_the_shorter_solution_above_the_longer_one() -> None:
+    rs = [_solved(rollout(None, [1], [[3] * n], task="a", sample=i, reward=r), r > 0)
+          for i, (n, r) in enumerate([(2, 1.0), (8, 1.0), (5, 0.0), (5, 0.0)])]
+    plain = dict((r.sample, a) for r, a in select_rollouts(rs, GRPOConfig(group_size=4)).rows)
+    assert plain[0] == pytest.approx(plain[1])  # the reward alone cannot tell the two solutions apart
+    sel = select_rollouts(rs, GRPOConfig(group_size=4, length_coef=0.2))
+    adv = dict((r.sample, a) for r, a in sel.rows)
+    assert adv[0] > adv[1] > 0 > max(adv[2], adv[3])  # shorter solution first; every solution above every failure
+    assert sel.stats()["length_bonus_mean"] == pytest.approx((0.1 - 0.1 + 0 + 0) / 4)
+    assert "length_bonus_mean" not in select_rollouts(rs, GRPOConfig(group_size=4)).stats()
+
+
+def test_length_coef_is_bounded_so_a_solution_stays_above_every_failure() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="length_coef"):
+        GRPOConfig(length_coef=0.5)
+    with pytest.raises(ValidationError, match="length_coef"):
+        GRPOConfig(length_coef=-0.1)

@@ -130,3 +130,55 @@ def test_epoch_batches_cover_every_example_once_and_pad_less_than_random() -> No
     order = list(range(203))
     random.Random(1).shuffle(order)
     assert padding(batches) < padding([order[i: i + 4] for i in range(0, 203, 4)]) / 2
+
+
+def _calls(output: str) -> list[str]:
+    import re
+
+    return re.findall(r"<tool_call.*?</tool_call>", output, re.S)
+
+
+@pytest.mark.parametrize("style", [*STYLES, "shell"])
+def test_narration_adds_text_before_the_same_calls(style: str) -> None:
+    import dataclasses
+
+    t = dataclasses.replace(_task(), shell_edit="sed -i 's/a - b/a + b/' calc.py")
+    narrated_calls = 0
+    for seed in range(20):
+        plain = scripted_outputs(t, style, rng=random.Random(seed), fail_blind=True)  # type: ignore[arg-type]
+        assert scripted_outputs(t, style, rng=random.Random(seed), fail_blind=True, narration=0) == plain  # type: ignore[arg-type]
+        talk = scripted_outputs(t, style, rng=random.Random(seed), fail_blind=True, narration=3)  # type: ignore[arg-type]
+        assert len(talk) == len(plain)
+        assert [_calls(o) for o in talk] == [_calls(o) for o in plain]
+        for o in talk[:-1]:
+            prose = o.split("<tool_call", 1)[0]
+            assert len([line for line in prose.splitlines() if line]) <= 3 + ("did not match" in prose)
+            narrated_calls += bool(prose.strip())
+    assert narrated_calls > 0  # some calls talk ...
+    assert narrated_calls < sum(len(scripted_outputs(t, style, rng=random.Random(s), fail_blind=True)) - 1  # type: ignore[arg-type]
+                                for s in range(20))  # ... and some do not (0 sentences is one of the draws)
+
+
+def test_narration_names_the_tasks_files() -> None:
+    outs = [o for seed in range(10) for o in scripted_outputs(_task(), "sequential", rng=random.Random(seed), narration=3)]
+    prose = "\n".join(o.split("<tool_call", 1)[0] for o in outs)
+    assert "calc.py" in prose and "test_calc.py" in prose and "python3 test_calc.py" in prose
+    assert "{" not in prose  # every placeholder was filled
+
+
+@pytest.mark.parametrize("style", STYLES)
+async def test_narrated_demonstration_runs_through_the_runtime_and_tokenises_exactly(
+        style: str, store: tuple[WorkspaceStore, Path], tok: Tokenizer) -> None:
+    ws_store, src = store
+    ws = ws_store.from_dir(src)
+    try:
+        demo = await record_demo(_task(), style, ws, make_sandbox(), profile=profile_named("compact"),  # type: ignore[arg-type]
+                                 fail_blind=style == "blind", narration=3, seed=7)
+        assert ws.read_bytes("calc.py").decode() == CALC.replace("a - b", "a + b")
+    finally:
+        ws.delete()
+    starts = [e for e in demo.events if e["type"] == "tool_call_started"]
+    assert starts and all(e["valid"] for e in starts)  # prose before a call never breaks its parsing
+    assert demo.turn_end == "completed"
+    segs = demo_segments(demo, tok)
+    assert [t for s in segs for t in s.token_ids] == tok.encode(demo.prompts[-1].text + demo.outputs[-1] + "\n<|end|>")
