@@ -45,7 +45,7 @@ from _common import write_result
 DOCS = Path(os.environ.get("FLYWHEEL_BENCH_DOCS") or Path(__file__).resolve().parent.parent / "docs" / "rl")
 FAMILIES = ["fix_bug", "rename", "find_change", "implement_stub"]
 CURVE_KEYS = ("pass_at_1", "tokens_per_solved", "tokens_spent_per_solved", "parallel_call_share", "blind_edit_rate",
-              "malformed_call_rate")
+              "malformed_call_rate", "prose_chars_per_model_call")
 """Held-out figures per evaluation. ``tokens_per_solved`` (the bar's) is what a solved rollout sampled;
 ``tokens_spent_per_solved`` is what every rollout sampled per solved one (mean sampled tokens per
 rollout / success rate): the cost of a solution including the failed attempts, reported beside the

@@ -22,6 +22,9 @@ editing, fewer blind edits, fewer tokens):
   unknown or repeated parameters), ``overflow`` (too many calls in one
   response), ``other``;
 * ``tokens`` — output tokens over all model calls;
+* ``prose_chars`` — characters of model output outside tool-call blocks (narration before,
+  between and after the calls, surrounding whitespace excluded), over all model calls; per
+  model call it is how much a rollout talks (characters, not tokens: no tokenizer here);
 * ``file_writes`` — successful ``edit_file``/``write_file`` calls, creations included. A
   rollout that changed the workspace with none did it through ``run_command`` (a ``sed -i``,
   a redirect): :func:`rl.train.metrics.rollout_metrics` reports the share of solved rollouts
@@ -46,13 +49,15 @@ from typing import Any
 
 from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
 
-__all__ = ["MALFORMED_KINDS", "Behaviour", "behaviour", "malformed_examples", "malformed_kind", "malformed_reasons"]
+__all__ = ["MALFORMED_KINDS", "Behaviour", "behaviour", "malformed_examples", "malformed_kind", "malformed_reasons",
+           "prose_chars"]
 
 EDIT_TOOLS = frozenset({"edit_file", "write_file"})
 _GREP_ROW = re.compile(r"^(.+?)[:-](\d+)[:-] ")
 MALFORMED_KINDS = ("unclosed", "syntax", "unknown_tool", "invalid_args", "overflow", "other")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
 _NUMBER = re.compile(r"\d+")
+_CALL_BLOCK = re.compile(r"<tool_call\b.*?(?:</tool_call>|\Z)", re.S)
 
 
 def _norm(path: object) -> str:
@@ -71,6 +76,7 @@ class Behaviour:
     malformed_by_kind: dict[str, int] = field(default_factory=dict)
     tokens: int = 0
     file_writes: int = 0
+    prose_chars: int = 0
 
     def metrics(self) -> dict[str, float]:
         """Flat numbers for ``Rollout.metrics`` (rates are 0.0 when their denominator is 0)."""
@@ -83,7 +89,7 @@ class Behaviour:
             "edits": float(self.edits), "blind_edits": float(self.blind_edits),
             "blind_edit_rate": self.blind_edits / self.edits if self.edits else 0.0,
             "malformed_calls": float(self.malformed_calls), "tokens": float(self.tokens),
-            "file_writes": float(self.file_writes),
+            "file_writes": float(self.file_writes), "prose_chars": float(self.prose_chars),
             **{f"malformed_{k}": float(self.malformed_by_kind.get(k, 0)) for k in MALFORMED_KINDS},
         }
 
@@ -118,6 +124,7 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
         if isinstance(e, AssistantMessage):
             b.model_calls += 1
             b.tokens += e.output_tokens or len(e.token_ids)
+            b.prose_chars += prose_chars(e.text)
             steps.append((e.turn, e.step))
         elif isinstance(e, ToolCallStarted):
             b.tool_calls += 1
@@ -145,6 +152,12 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
                 seen |= _seen_paths(name, args, e)
     b.parallel_by_step = [per_step.get(s, 0) >= 2 for s in steps]
     return b
+
+
+def prose_chars(text: str) -> int:
+    """Characters of ``text`` outside ``<tool_call …>…</tool_call>`` blocks, each stretch stripped
+    of surrounding whitespace. An unclosed call runs to the end of the text (none of it is prose)."""
+    return sum(len(part.strip()) for part in _CALL_BLOCK.split(text))
 
 
 def malformed_kind(message: str) -> str:

@@ -265,7 +265,7 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
 
 HELDOUT_KEYS = ("success_rate", "tokens_per_solved", "solved_by_command_share", "parallel_call_share",
                 "blind_edit_rate", "malformed_call_rate",
-                "tool_calls_per_model_call", "rollout_model_calls", "rollout_sampled_tokens", "status_infra_error",
+                "tool_calls_per_model_call", "prose_chars_per_model_call", "rollout_model_calls", "rollout_sampled_tokens", "status_infra_error",
                 "rollout_limit_max_steps", "rollout_limit_timeout",
                 *(f"rollout_malformed_{kind}" for kind in MALFORMED_KINDS))
 

@@ -52,6 +52,7 @@ _RATIOS = {  # name: (numerator key, denominator key) of Rollout.metrics
     "parallel_call_share": ("parallel_steps", "model_calls"),
     "blind_edit_rate": ("blind_edits", "edits"),
     "malformed_call_rate": ("malformed_calls", "tool_calls"),
+    "prose_chars_per_model_call": ("prose_chars", "model_calls"),
 }
 
 PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys drawn on it
@@ -64,11 +65,14 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("share of solved rollouts solved by a command (no edit_file)", ("solved_by_command_share",
                                                                      "heldout_solved_by_command_share")),
     ("tool calls per model call", ("tool_calls_per_model_call", "heldout_tool_calls_per_model_call")),
+    ("prose characters per model call (narration)", ("prose_chars_per_model_call",
+                                                    "heldout_prose_chars_per_model_call")),
     ("share of model calls with >= 2 parallel calls", ("parallel_call_share", "heldout_parallel_call_share")),
     ("blind-edit rate", ("blind_edit_rate", "heldout_blind_edit_rate")),
     ("malformed-call rate", ("malformed_call_rate", "heldout_malformed_call_rate")),
     ("malformed calls per rollout, by kind", tuple(f"rollout_malformed_{k}" for k in MALFORMED_KINDS)),
     ("share of reinforced tokens in malformed calls", ("positive_malformed_token_frac",)),
+    ("length term, mean over grouped rollouts (length_coef > 0)", ("length_bonus_mean",)),
     ("held-out malformed calls per rollout, by kind", tuple(f"heldout_rollout_malformed_{k}" for k in MALFORMED_KINDS)),
     ("model calls per rollout", ("rollout_model_calls",)),
     ("share of rollouts ended by a limit", ("rollout_limit_max_steps", "rollout_limit_max_tokens",

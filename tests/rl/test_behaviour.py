@@ -150,3 +150,15 @@ async def test_a_change_made_by_a_command_is_not_a_file_write(how: str, writes: 
         ws.delete()
     b = behaviour(sink.events)
     assert b.file_writes == writes and b.metrics()["file_writes"] == writes
+
+
+def test_prose_is_the_text_outside_tool_calls() -> None:
+    from rl.behaviour import prose_chars
+
+    read = call("read_file", {"path": "a.py"})
+    assert prose_chars(read) == 0 and prose_chars("") == 0
+    assert prose_chars("  I'll read it.\n" + read + "\n") == len("I'll read it.")
+    assert prose_chars("Two files.\n" + read + "\nand\n" + read + "\nDone.") == len("Two files.") + 3 + 5
+    assert prose_chars('Ok.\n<tool_call name="read_file">\n<param name="path">a.py') == 3  # unclosed: not prose
+    b = behaviour([AssistantMessage(step=1, text="Reading.\n" + read), AssistantMessage(step=2, text="All done.")])
+    assert b.prose_chars == len("Reading.") + len("All done.") and b.metrics()["prose_chars"] == 17.0
