@@ -222,9 +222,11 @@ def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
     if not (start / "start.json").is_file() or not (start / "sft" / "model.safetensors").is_file():
         raise SystemExit(f"--start {start}: not a --save-start directory (it needs start.json and sft/)")
     recipe = json.loads((start / "start.json").read_text())
-    for key in ("n_train", "n_heldout", "data_seed", "preset", "copy_head"):
-        if getattr(args, key) != recipe.get(key, False if key == "copy_head" else None):
-            raise SystemExit(f"--start {start}: it was built with {key}={recipe[key]!r}, this run has "
+    defaults = {"copy_head": False, "sft_narration": 0}  # starts saved before these keys existed
+    for key in ("n_train", "n_heldout", "data_seed", "preset", "copy_head", "sft_narration"):
+        if getattr(args, key) != recipe.get(key, defaults.get(key)):
+            built = recipe.get(key, defaults.get(key))
+            raise SystemExit(f"--start {start}: it was built with {key}={built!r}, this run has "
                              f"{getattr(args, key)!r} (pass the same value)")
     tasks_file = root / "tasks.jsonl"
     if not tasks_file.exists():

@@ -18,6 +18,10 @@ measurable):
   then the command through ``run_command``, then the tests. Not one of the uniformly drawn
   :data:`STYLES`: :func:`record_task_demos` uses it for a ``shell_share`` of such tasks.
 
+With ``narration`` N > 0 (:func:`scripted_outputs`) each model call also carries 0..N sentences
+saying what it is for, named after the task's own paths and identifiers — the prose real traces
+carry; the calls are the same.
+
 A :class:`DemoTask` is the minimum a demonstration needs (request, files, edits, test command);
 :func:`demo_task_from_patch` builds one from a task's unified-diff reference patch (the form
 ``rl/tasks`` stores). Not guaranteed: that a demonstration *passes* — the transcript runs the
@@ -150,6 +154,9 @@ _NARRATION: dict[str, tuple[str, ...]] = {
              "I'll make the minimal edit that satisfies the request.",
              "Here is the change to {path}; nothing else needs to move.",
              "This edit should make the failing behaviour match what the test expects."),
+    "guess": ("The fix most likely belongs in {path}, so I'll edit it directly.",
+              "I can guess what `{ident}` looks like in {path}; I'll change it without opening the file.",
+              "I'll go straight to the edit in {path}."),
     "shell": ("This is a mechanical change across the package, so one command will do it.",
               "Editing each file by hand would take several calls; a single sed command covers all of them.",
               "I'll apply the change to every matching file at once."),
@@ -157,7 +164,7 @@ _NARRATION: dict[str, tuple[str, ...]] = {
              "Let me check the fix with `{test}`.",
              "Running the test suite to make sure nothing else broke.",
              "The edit is in; the tests will tell whether it is right."),
-    "answer": ("I read the code, made the change in {path}, and verified it with the tests.",
+    "answer": ("I made the change in {path} and verified it with the tests.",
                "The task is complete.",
                "The change is limited to what the request asked for.",
                "Nothing else in the workspace was modified."),
@@ -165,13 +172,16 @@ _NARRATION: dict[str, tuple[str, ...]] = {
 
 
 def _narrate(kind: str, task: DemoTask, rng: random.Random, most: int, first: str | None = None) -> str:
-    """0..``most`` distinct sentences of ``kind`` (drawn uniformly), filled in with ``task``'s names,
-    each on its own line and followed by a newline; "" for none (or ``most`` 0)."""
+    """0..``most`` distinct sentences of ``kind`` (the count drawn uniformly, then capped at the
+    number of templates for ``kind``: 3 for ``guess`` and ``shell``, so a draw of 4 gives 3),
+    filled in with ``task``'s names (``first``, when given, is both ``{path}`` and ``{paths}``;
+    else its first path and all its paths), each on its own
+    line and followed by a newline; "" for none (or ``most`` 0)."""
     n = rng.randint(0, most) if most > 0 else 0
     if n == 0:
         return ""
     path = first or task.paths[0]
-    fill = {"paths": ", ".join(task.paths), "path": path, "ident": task.grep_hint or grep_pattern(task.edits[0]),
+    fill = {"paths": first or ", ".join(task.paths), "path": path, "ident": task.grep_hint or grep_pattern(task.edits[0]),
             "test": task.test_command}
     return "".join(s.format(**fill) + "\n" for s in rng.sample(_NARRATION[kind], min(n, len(_NARRATION[kind]))))
 
@@ -180,11 +190,12 @@ def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_b
                      narration: int = 0) -> list[str]:
     """The model outputs of one demonstration, one string per model call (see the module docstring).
 
-    ``narration`` > 0: every model call's output starts with 0..``narration`` sentences
-    (uniform per call, :data:`_NARRATION`) saying what the call is for — the waste real traces
-    carry and RL can learn to drop (the tokens-per-solved-task objective); the fixed opening line
-    of ``parallel``/``sequential`` is then replaced by them. 0 (the default) draws nothing extra,
-    so a seed gives the same outputs as before the option existed."""
+    ``narration`` > 0: every model call's output carries 0..``narration`` sentences (uniform per
+    call, :data:`_NARRATION`) saying what the call is for — before its calls, and after the final
+    answer's text — the waste real traces carry and RL can learn to drop (the tokens-per-solved-task
+    objective); the fixed opening line of ``parallel``/``sequential`` is then replaced by them. The
+    calls themselves are unchanged. 0 (the default) draws nothing extra, so a seed gives the same
+    outputs as before the option existed."""
     say = rng.choice(["Let me look at the code first.", "I'll inspect the relevant files.", "Checking the code."])
     test = encode_call("run_command", {"command": task.test_command})
     fix = "\n".join(_edit(e) for e in task.edits)
@@ -219,11 +230,14 @@ def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_b
 def _narrated(task: DemoTask, style: Style, rng: random.Random, most: int, *, fail_blind: bool, test: str,
               fix: str, answer: str) -> list[str]:
     """:func:`scripted_outputs` with narration: the same calls in the same order, each output
-    prefixed with what :func:`_narrate` draws for its kind."""
+    prefixed with what :func:`_narrate` draws for its kind. An edit made before anything was read
+    (``blind``) is narrated as a guess; a failed blind edit's recovery keeps its fixed line first
+    ("That edit did not match; ...") and its narration names the file it reads."""
     say = functools.partial(_narrate, task=task, rng=rng, most=most)
     reads = [_read(p) for p in task.paths]
     calls: list[tuple[str, str]]  # (kind, the calls of one model output)
     focus: dict[int, str] = {}  # call index -> the one path its narration is about (default: the first path)
+    lead: dict[int, str] = {}  # call index -> a fixed line that comes before its narration
     if style == "parallel":
         calls = [("read", "\n".join(reads)), ("edit", fix), ("test", test)]
     elif style == "sequential":
@@ -243,12 +257,13 @@ def _narrated(task: DemoTask, style: Style, rng: random.Random, most: int, *, fa
         if fail_blind:
             first = task.edits[0]
             wrong = Edit(first.path, first.search.replace(" ", "  ", 1) + "# guessed\n", first.replace)
-            calls += [("edit", _edit(wrong)), ("read", "That edit did not match; reading the file.\n" + _read(first.path))]
-        calls += [("edit", fix), ("test", test)]
+            calls += [("guess", _edit(wrong)), ("read", _read(first.path))]
+            focus[1], lead[1] = first.path, "That edit did not match; reading the file.\n"
+        calls += [("edit" if fail_blind else "guess", fix), ("test", test)]
     else:
         raise ValueError(f"unknown demonstration style {style!r}: choose from {', '.join(STYLES)}")
     first_edit = task.edits[0].path
-    out = [say(kind, first=first_edit if kind == "edit" else focus.get(k)) + body
+    out = [lead.get(k, "") + say(kind, first=first_edit if kind in ("edit", "guess") else focus.get(k)) + body
            for k, (kind, body) in enumerate(calls)]
     return out + [answer + ("\n" + tail.rstrip("\n") if (tail := say("answer", first=first_edit)) else "")]
 

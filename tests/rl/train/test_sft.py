@@ -166,6 +166,29 @@ def test_narration_names_the_tasks_files() -> None:
     assert "{" not in prose  # every placeholder was filled
 
 
+def test_without_narration_a_seed_gives_the_transcript_it_gave_before_the_option() -> None:
+    # pinned from the code before ``narration`` existed (fe09632): starts built then stay reproducible
+    read = '<tool_call name="read_file">\n<param name="path">{}</param>\n</tool_call>'
+    assert scripted_outputs(_task(), "sequential", rng=random.Random(0)) == [
+        "I'll inspect the relevant files.\n" + read.format("calc.py"),
+        "I'll inspect the relevant files.\n" + read.format("test_calc.py"),
+        '<tool_call name="edit_file">\n<param name="path">calc.py</param>\n<param name="search">def add(a, b):\n'
+        '    return a - b\n</param>\n<param name="replace">def add(a, b):\n    return a + b\n</param>\n</tool_call>',
+        '<tool_call name="run_command">\n<param name="command">cd /workspace && python3 test_calc.py</param>\n</tool_call>',
+        "Done: the change is made and the tests pass."]
+
+
+def test_narrated_blind_edits_are_guesses_and_the_recovery_says_why_first() -> None:
+    for seed in range(30):
+        outs = scripted_outputs(_task(), "blind", rng=random.Random(seed), fail_blind=True, narration=3)
+        before_reading = outs[0].split("<tool_call", 1)[0]
+        assert "understand" not in before_reading and "I read" not in before_reading
+        assert outs[1].startswith("That edit did not match; reading the file.\n")
+        assert "test_calc.py" not in outs[1]  # its narration is about the file it reads (calc.py)
+        no_fail = scripted_outputs(_task(), "blind", rng=random.Random(seed), narration=3)
+        assert "understand" not in no_fail[0] and not any("I read" in o for o in no_fail)
+
+
 @pytest.mark.parametrize("style", STYLES)
 async def test_narrated_demonstration_runs_through_the_runtime_and_tokenises_exactly(
         style: str, store: tuple[WorkspaceStore, Path], tok: Tokenizer) -> None:
