@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
+from agent.parser import StreamParser, TextDelta
 
 __all__ = ["MALFORMED_KINDS", "Behaviour", "behaviour", "malformed_examples", "malformed_kind", "malformed_reasons",
            "prose_chars"]
@@ -57,7 +58,6 @@ _GREP_ROW = re.compile(r"^(.+?)[:-](\d+)[:-] ")
 MALFORMED_KINDS = ("unclosed", "syntax", "unknown_tool", "invalid_args", "overflow", "other")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`")
 _NUMBER = re.compile(r"\d+")
-_CALL_BLOCK = re.compile(r"<tool_call\b.*?(?:</tool_call>|\Z)", re.S)
 
 
 def _norm(path: object) -> str:
@@ -155,9 +155,20 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
 
 
 def prose_chars(text: str) -> int:
-    """Characters of ``text`` outside ``<tool_call …>…</tool_call>`` blocks, each stretch stripped
-    of surrounding whitespace. An unclosed call runs to the end of the text (none of it is prose)."""
-    return sum(len(part.strip()) for part in _CALL_BLOCK.split(text))
+    """Characters of ``text`` that the runtime's own parser (:class:`agent.parser.StreamParser`)
+    reads as text outside tool calls, each stretch between calls stripped of surrounding
+    whitespace — so a ``</tool_call>`` inside a parameter, a self-closing call or a broken call
+    count exactly as the session saw them (a malformed call's text is not prose)."""
+    parser = StreamParser()
+    stretches, current = [], []
+    for ev in [*parser.feed(text), *parser.finish()]:
+        if isinstance(ev, TextDelta):
+            current.append(ev.text)
+        elif current:
+            stretches.append("".join(current))
+            current = []
+    stretches.append("".join(current))
+    return sum(len(part.strip()) for part in stretches)
 
 
 def malformed_kind(message: str) -> str:

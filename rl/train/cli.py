@@ -138,7 +138,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
                             f"{train_demos.too_long + held_demos.too_long} too long)")
     examples = train_demos.examples + held_demos.examples
     print(f"demonstrations: {len(train_demos.examples)} training, {len(held_demos.examples)} held-out; styles "
-          f"{dict(sorted(train_demos.styles.items()))}; {skipped} skipped; {train_demos.renamed} renamed copies "
+          f"{dict(sorted(train_demos.styles.items()))}; {skipped} skipped "
+          f"({train_demos.too_long + held_demos.too_long} longer than the context); {train_demos.renamed} renamed copies "
           f"({train_demos.rename_refused} tasks not renamable)", file=sys.stderr)
     torch.manual_seed(args.seed)
     curve_path = args.out / "sft_curve.jsonl"
@@ -167,7 +168,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     save_checkpoint(args.out, model, tok, step=res.steps, profile=profile,
                     extra={"sft": {"best_step": res.best_step, "best_heldout_loss": res.best_heldout_loss,
                                    "demonstrations": len(examples), "skipped": skipped}})
-    summary = {"demonstrations": len(examples), "skipped": skipped, "steps": res.steps, "best_step": res.best_step,
+    summary = {"demonstrations": len(examples), "skipped": skipped,
+               "too_long": train_demos.too_long + held_demos.too_long, "steps": res.steps, "best_step": res.best_step,
                "best_heldout_loss": res.best_heldout_loss, "stopped_early": res.stopped_early, "out": str(args.out)}
     if rounds:
         summary["dagger"] = rounds

@@ -62,8 +62,12 @@ also noted where it happens below):
   own reward stays what the session log records), and there is no warm-up schedule (Kimi
   found it slows early training and enables it late; our runs are 3-6 updates long). With
   ``w <= 0.2`` a solved rollout still scores above every failure in its group (the smallest
-  success is > 0.3 above the largest failure, :mod:`rl.reward`). ``length_bonus_mean`` records
-  the mean term over the rollouts of the groups it was computed for.
+  success is > 0.3 above the largest failure, :mod:`rl.reward`). A third departure: only groups
+  with at least one solved rollout get the term — in a group where nothing was solved it would
+  give the failures different rewards by length alone and so make a group that teaches nothing
+  about solving trainable (Kimi applies it to every group); rollouts that sampled no token take no
+  part (0 tokens would set ``L_min``). ``length_bonus_mean`` records the mean term over the
+  rollouts of every group it was computed for (those without a success count as zeros).
 * **Zero-variance groups** (all rewards equal) have zero advantage everywhere;
   they are skipped before any forward (``frac_reward_zero_std``), as DAPO's
   dynamic sampling does. Departure from DAPO: we do not resample to refill the
@@ -229,14 +233,19 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
 
 def length_terms(group: Sequence[Rollout], coef: float) -> list[float]:
     """Kimi k1.5's group-relative length reward of each rollout of one group, times ``coef`` (see
-    "Length term" in the module docstring): ``coef * lam`` for a solved rollout, ``coef * min(0,
-    lam)`` for an unsolved one; all zeros when every rollout sampled as many tokens."""
+    "Length term" in the module docstring): ``coef * lam`` for a solved rollout (reward term
+    ``success`` 1; a rollout without that term counts as unsolved), ``coef * min(0, lam)`` for an
+    unsolved one. All zeros when no rollout of the group is solved, or when every rollout that
+    sampled a token sampled as many; a rollout that sampled none gets 0 and does not set the
+    group's shortest length."""
     lengths = [sum(len(s.token_ids) for s in r.segments if s.sampled) for r in group]
-    lo, hi = min(lengths), max(lengths)
-    if hi == lo:
+    solved = [r.reward_terms.get("success", 0.0) >= 1.0 for r in group]
+    counted = [n for n in lengths if n > 0]
+    if not any(solved) or not counted or min(counted) == max(counted):
         return [0.0] * len(group)
-    lam = [0.5 - (n - lo) / (hi - lo) for n in lengths]
-    return [coef * (x if r.reward_terms.get("success", 0.0) >= 1.0 else min(0.0, x)) for r, x in zip(group, lam, strict=True)]
+    lo, hi = min(counted), max(counted)
+    return [0.0 if n == 0 else coef * (lam if ok else min(0.0, lam))
+            for n, ok, lam in ((n, ok, 0.5 - (n - lo) / (hi - lo)) for n, ok in zip(lengths, solved, strict=True))]
 
 
 def malformed_call_segments(rollout: Rollout) -> set[int] | None:

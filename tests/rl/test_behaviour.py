@@ -160,5 +160,10 @@ def test_prose_is_the_text_outside_tool_calls() -> None:
     assert prose_chars("  I'll read it.\n" + read + "\n") == len("I'll read it.")
     assert prose_chars("Two files.\n" + read + "\nand\n" + read + "\nDone.") == len("Two files.") + 3 + 5
     assert prose_chars('Ok.\n<tool_call name="read_file">\n<param name="path">a.py') == 3  # unclosed: not prose
+    # as the runtime's parser reads it: a closing tag inside a parameter body does not end the call,
+    # a self-closing call and a call broken by garbage are calls, not prose
+    assert prose_chars('x <tool_call name="edit_file"><param name="replace">a </tool_call> b</param></tool_call> z') == 2
+    assert prose_chars('ab <tool_call name="read_file"/> cd') == 4
+    assert prose_chars('ab <tool_call name="read_file"><junk>zz</junk></tool_call> cd') == 4
     b = behaviour([AssistantMessage(step=1, text="Reading.\n" + read), AssistantMessage(step=2, text="All done.")])
     assert b.prose_chars == len("Reading.") + len("All done.") and b.metrics()["prose_chars"] == 17.0

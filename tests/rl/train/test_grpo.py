@@ -354,6 +354,18 @@ def test_length_terms_are_kimis_group_relative_length_reward() -> None:
     assert length_terms(group[:1] * 2, 0.2) == [0.0, 0.0]  # equal lengths: no term
 
 
+
+def test_length_terms_leave_groups_without_a_solution_and_empty_rollouts_alone() -> None:
+    fails = [_solved(rollout(None, [1], [[3] * n], task="a", sample=i, reward=0.0), False) for i, n in enumerate([2, 9])]
+    assert length_terms(fails, 0.2) == [0.0, 0.0]  # nothing solved: length alone must not rank failures
+    sel = select_rollouts(fails, GRPOConfig(group_size=2, length_coef=0.2))
+    assert sel.rows == [] and sel.n_groups_zero_std == 1  # so the group is still skipped
+    # a rollout that sampled nothing gets no term and does not set the shortest length
+    empty = _solved(rollout(None, [1], [[]], sample=2, reward=0.0), False)
+    ok = [_solved(rollout(None, [1], [[3] * n], sample=i, reward=1.0), True) for i, n in enumerate([2, 6])]
+    assert length_terms([*ok, empty], 0.2) == pytest.approx([0.1, -0.1, 0.0])
+
+
 def test_length_coef_ranks_the_shorter_solution_above_the_longer_one() -> None:
     rs = [_solved(rollout(None, [1], [[3] * n], task="a", sample=i, reward=r), r > 0)
           for i, (n, r) in enumerate([(2, 1.0), (8, 1.0), (5, 0.0), (5, 0.0)])]
