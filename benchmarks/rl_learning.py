@@ -309,6 +309,12 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
     return seed_result(seed, root / f"run{seed}", name) | {"seconds_rl_total": time.perf_counter() - t0}
 
 
+def _by_family(records: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """At each held-out evaluation, the ``prefix<family>`` keys of its record by family name."""
+    return [{"iteration": r["iteration"]} | {k.removeprefix(prefix): v for k, v in r.items() if k.startswith(prefix)}
+            for r in records if "heldout_pass_at_1" in r]
+
+
 def seed_result(seed: int, run: Path, name: str) -> dict[str, Any]:
     """One finished (or stopped) seed's result from its run directory; copies its metrics and
     curves into docs/rl/. Used after training and by ``--report-only``."""
@@ -322,10 +328,10 @@ def seed_result(seed: int, run: Path, name: str) -> dict[str, Any]:
     return {"seed": seed, "sft": curve[0], "rl": curve[-1], "curve": curve, "iterations_done": len(trained),
             "iterations_stepped": sum(bool(r.get("stepped")) for r in trained),
             # held-out pass@1 per task family at each evaluation (absent in runs before it)
-            "heldout_pass_at_1_by_family": [
-                {"iteration": r["iteration"]} | {k.removeprefix("heldout_pass_at_1_"): v for k, v in r.items()
-                                                 if k.startswith("heldout_pass_at_1_")}
-                for r in records if "heldout_pass_at_1" in r],
+            "heldout_pass_at_1_by_family": _by_family(records, "heldout_pass_at_1_"),
+            # held-out tokens per solved task per family, for families with a solution at that evaluation
+            # (absent in runs before it): separates "longer solutions" from "solutions of another family"
+            "heldout_tokens_per_solved_by_family": _by_family(records, "heldout_tokens_per_solved_"),
             # held-out solved rollouts that changed files only through run_command (absent in runs before it)
             "heldout_solved_by_command_share": [{"iteration": r["iteration"],
                                                  "share": r.get("heldout_solved_by_command_share")}

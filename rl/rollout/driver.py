@@ -275,7 +275,8 @@ def heldout_metrics(source: RaySource, task_ids: Sequence[str], *, iteration: in
                     families: Mapping[str, str] | None = None) -> dict[str, float]:
     """Held-out pass@1/pass@k and behaviour of the source's current weights, as ``heldout_*``
     keys (the loop merges them into the iteration's record), and with ``families`` (task id ->
-    family) pass@1 per family as ``heldout_pass_at_1_<family>``. Sampling seeds are disjoint from
+    family) pass@1 per family as ``heldout_pass_at_1_<family>`` and, for a family with a solved
+    rollout, ``heldout_tokens_per_solved_<family>``. Sampling seeds are disjoint from
     training's; the rollouts are persisted under ``run_id``."""
     rollouts: list[Rollout] = []
     per = max(1, batch_rollouts // k)
@@ -286,6 +287,8 @@ def heldout_metrics(source: RaySource, task_ids: Sequence[str], *, iteration: in
     out = {"heldout_pass_at_1": res.pass_at_1, f"heldout_pass_at_{k}": res.pass_at_k,
            "heldout_tasks": float(res.tasks)}
     out |= {f"heldout_pass_at_1_{fam}": v["pass@1"] for fam, v in res.per_family.items()}
+    out |= {f"heldout_tokens_per_solved_{fam}": v["tokens_per_solved"] for fam, v in res.per_family.items()
+            if "tokens_per_solved" in v}
     out |= {f"heldout_{key}": float(res.behaviour[key]) for key in HELDOUT_KEYS if key in res.behaviour}
     return out
 
@@ -347,9 +350,11 @@ def summarise(rollouts: Sequence[Rollout], k: int, split: str,
               families: Mapping[str, str] | None = None) -> EvalResult:
     """pass@1 / pass@k over tasks (INFRA_ERROR samples excluded and counted; a task left with
     fewer than ``k`` scored samples is estimated from what it has and counted in ``tasks_short``).
-    With ``families`` (task id -> family) also the mean per family (``per_family``); a task
-    missing from it counts under ``"unknown"``. Each family's mean is over its own tasks only:
-    with a few tasks a family its standard error is large (not reported here)."""
+    With ``families`` (task id -> family) also the mean per family (``per_family``), and the
+    family's ``tokens_per_solved`` when it has a solved rollout with sampled tokens (absent, not 0,
+    when it has none, or when the policy records no tokens, as an OpenAI-compatible one does);
+    a task missing from it counts under ``"unknown"``. Each family's mean is over its own tasks
+    only: with a few tasks a family its standard error is large (not reported here)."""
     from rl.train.metrics import rollout_metrics
 
     by_task: dict[str, list[Rollout]] = {}
@@ -369,6 +374,14 @@ def summarise(rollouts: Sequence[Rollout], k: int, split: str,
     per_family = {fam: {"tasks": float(len(ts)), "pass@1": sum(t["pass@1"] for t in ts) / len(ts),
                         f"pass@{k}": sum(t[f"pass@{k}"] for t in ts) / len(ts)}
                   for fam, ts in group_per_task(per_task, families).items()} if families is not None else {}
+    if families is not None:  # what a solution costs in each family, by rollout_metrics' own definition
+        by_family: dict[str, list[Rollout]] = {}
+        for r in rollouts:
+            by_family.setdefault(families.get(r.task_id, "unknown"), []).append(r)
+        for fam, rs in by_family.items():
+            cost = rollout_metrics(rs).get("tokens_per_solved")
+            if cost:  # None: nothing solved; 0: a policy that records no sampled tokens (OpenAI-compatible text)
+                per_family[fam]["tokens_per_solved"] = cost
     return EvalResult(split, k, len(per_task), p1, pk,
                       sum(r.status is RolloutStatus.INFRA_ERROR for r in rollouts), short, per_task,
                       rollout_metrics(rollouts), per_family)

@@ -62,6 +62,7 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("training success by task family", ("success_rate_*",)),
     ("mean reward", ("mean_reward",)),
     ("tokens per solved task", ("tokens_per_solved", "heldout_tokens_per_solved")),
+    ("held-out tokens per solved task by family", ("heldout_tokens_per_solved_*",)),  # families with a solution
     ("share of solved rollouts solved by a command (no edit_file)", ("solved_by_command_share",
                                                                      "heldout_solved_by_command_share")),
     ("tool calls per model call", ("tool_calls_per_model_call", "heldout_tool_calls_per_model_call")),

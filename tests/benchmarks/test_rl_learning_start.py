@@ -103,7 +103,8 @@ def test_seed_result_reads_the_heldout_curve_and_its_families(tmp_path: Path, mo
     run = tmp_path / "run0"
     run.mkdir()
     recs = [{"iteration": 0, "heldout_pass_at_1": 0.25, "heldout_pass_at_1_fix_bug": 0.5,
-             "heldout_pass_at_1_rename": 0.0, "heldout_success_rate": 0.25, "heldout_rollout_sampled_tokens": 300.0},
+             "heldout_pass_at_1_rename": 0.0, "heldout_success_rate": 0.25, "heldout_rollout_sampled_tokens": 300.0,
+             "heldout_tokens_per_solved": 40.0, "heldout_tokens_per_solved_fix_bug": 40.0},
             {"iteration": 1, "success_rate": 0.1, "stepped": True},
             {"iteration": 2, "success_rate": 0.2, "stepped": False, "heldout_pass_at_1": 0.5,
              "heldout_pass_at_1_fix_bug": 0.75, "heldout_pass_at_1_rename": 0.25,
@@ -117,6 +118,8 @@ def test_seed_result_reads_the_heldout_curve_and_its_families(tmp_path: Path, mo
     assert res["iterations_done"] == 2 and res["iterations_stepped"] == 1
     assert res["heldout_pass_at_1_by_family"] == [{"iteration": 0, "fix_bug": 0.5, "rename": 0.0},
                                                   {"iteration": 2, "fix_bug": 0.75, "rename": 0.25}]
+    # tokens per solved task per family only where the family had a solution (none recorded at iteration 2)
+    assert res["heldout_tokens_per_solved_by_family"] == [{"iteration": 0, "fix_bug": 40.0}, {"iteration": 2}]
     # a run recorded before the key existed reads as None, not as 0
     assert res["heldout_solved_by_command_share"] == [{"iteration": 0, "share": None},
                                                       {"iteration": 2, "share": 0.5}]

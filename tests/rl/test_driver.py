@@ -94,6 +94,21 @@ def test_summarise_per_family() -> None:
     assert total == pytest.approx(res.pass_at_1)
 
 
+def test_summarise_tokens_per_solved_per_family() -> None:
+    from rl.types import GradeResult, Segment
+
+    def r(task: str, g: int, ok: bool, sampled: int) -> Rollout:
+        return Rollout("r", 0, task, g, RolloutStatus.FINISHED, reward=float(ok), reward_terms={"success": float(ok)},
+                       segments=[Segment([1, 2, 3], False), Segment(list(range(sampled)), True, [0.0] * sampled)],
+                       grade=GradeResult(ok, "", 0.1))
+
+    rs = [r("a", 0, True, 10), r("a", 1, False, 50), r("b", 0, True, 30), r("c", 0, False, 7), r("c", 1, False, 9)]
+    res = summarise(rs, 2, "heldout", {"a": "fix_bug", "b": "fix_bug", "c": "rename"})
+    assert res.per_family["fix_bug"]["tokens_per_solved"] == 20.0  # (10 + 30) / 2: failures and prompts not counted
+    assert "tokens_per_solved" not in res.per_family["rename"]  # nothing solved: absent, not 0
+    assert res.behaviour["tokens_per_solved"] == 20.0  # the same definition as the overall figure
+
+
 def test_eval_an_openai_compatible_model_through_the_runtime(tasks: Path, capsys: pytest.CaptureFixture[str],
                                                              monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FLYWHEEL_DATA_DIR", str(tmp_path / "data"))  # the CLI's session log: not the user's
