@@ -42,7 +42,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rl.behaviour import MALFORMED_KINDS
 from rl.rollout.log import MemoryRolloutLog, RolloutLog, persist
@@ -336,11 +336,14 @@ class EvalResult:
         return {k: v for k, v in self.__dict__.items()}
 
 
-def group_per_task(per_task: Mapping[str, dict[str, float]], group_of: Mapping[str, str]
-                   ) -> dict[str, list[dict[str, float]]]:
-    """``per_task`` results (:attr:`EvalResult.per_task`) grouped by ``group_of[task id]`` (a family,
-    a difficulty), groups sorted; a task missing from ``group_of`` goes to ``"unknown"``."""
-    grouped: dict[str, list[dict[str, float]]] = {}
+_T = TypeVar("_T")
+
+
+def group_per_task(per_task: Mapping[str, _T], group_of: Mapping[str, str]) -> dict[str, list[_T]]:
+    """``per_task`` values keyed by task id (:attr:`EvalResult.per_task`'s results, or a task's
+    rollouts) grouped by ``group_of[task id]`` (a family, a difficulty), groups sorted; a task
+    missing from ``group_of`` goes to ``"unknown"``."""
+    grouped: dict[str, list[_T]] = {}
     for task_id, t in per_task.items():
         grouped.setdefault(group_of.get(task_id, "unknown"), []).append(t)
     return dict(sorted(grouped.items()))
@@ -375,11 +378,8 @@ def summarise(rollouts: Sequence[Rollout], k: int, split: str,
                         f"pass@{k}": sum(t[f"pass@{k}"] for t in ts) / len(ts)}
                   for fam, ts in group_per_task(per_task, families).items()} if families is not None else {}
     if families is not None:  # what a solution costs in each family, by rollout_metrics' own definition
-        by_family: dict[str, list[Rollout]] = {}
-        for r in rollouts:
-            by_family.setdefault(families.get(r.task_id, "unknown"), []).append(r)
-        for fam, rs in by_family.items():
-            cost = rollout_metrics(rs).get("tokens_per_solved")
+        for fam, task_rollouts in group_per_task(by_task, families).items():
+            cost = rollout_metrics([r for rs in task_rollouts for r in rs]).get("tokens_per_solved")
             if cost:  # None: nothing solved; 0: a policy that records no sampled tokens (OpenAI-compatible text)
                 per_family[fam]["tokens_per_solved"] = cost
     return EvalResult(split, k, len(per_task), p1, pk,
