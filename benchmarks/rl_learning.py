@@ -8,8 +8,8 @@
 3. Per seed (``--seeds``), GRPO from that SFT checkpoint (``rl.rollout.driver.train``: the
    production runtime on Ray), with the held-out split evaluated INSIDE the run every
    ``--eval-every`` iterations (``eval:`` in the run config; iteration 0 = the SFT start;
-   ``k`` samples per task at temperature 1). Nothing reads the held-out numbers back: they
-   are only measured (never tune on the held-out split).
+   ``k`` samples per task at ``--temperature``, default 1, the rollouts' own). Nothing reads
+   the held-out numbers back: they are only measured (never tune on the held-out split).
 
 Departure, on purpose: the SFT start is SHARED by the seeds — a seed changes RL's sampling
 and task order, not the SFT run — so the spread is RL's, on one honest start, and one SFT
@@ -298,8 +298,8 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
                  "malformed_call_adv": args.malformed_call_adv, "length_coef": args.length_coef},
         "limits": {"max_model_calls": args.max_model_calls,
                    "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
-        "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens},
-        "eval": {"every": args.eval_every, "k": args.k, "temperature": 1.0},
+        "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens, "temperature": args.temperature},
+        "eval": {"every": args.eval_every, "k": args.k, "temperature": args.temperature},
     })
     train(cfg, log=MemoryRolloutLog(),
           progress=lambda r: print(f"seed {seed} iteration {r['iteration']}: "
@@ -436,6 +436,10 @@ def main() -> None:
     ap.add_argument("--length-coef", type=float, default=0.0,
                     help="grpo.length_coef: Kimi k1.5's group-relative length reward times this (default 0: off; "
                          "at most 0.2)")
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="sampling temperature of the training rollouts AND of the held-out evaluations (the start "
+                         "and every later one, so the comparison is at one temperature); the trainer optimises "
+                         "softmax(logits / T) (default 1)")
     ap.add_argument("--copy-head", action="store_true",
                     help="give the policy a copy head (agent.model.copy_head) before SFT: copying a path or a line "
                          "from the context becomes one attention lookup")
@@ -570,7 +574,8 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "no_reinforce_malformed":
                                                                      args.no_reinforce_malformed,
                                                                  "malformed_call_adv": args.malformed_call_adv,
-                                                                 "length_coef": args.length_coef},
+                                                                 "length_coef": args.length_coef,
+                                                                 "temperature": args.temperature},
               # --start: the recipe the adopted start was built with (its DAgger rounds, shell share, ...)
               "start_recipe": json.loads((args.start / "start.json").read_text())
               if getattr(args, "start", None) is not None and (args.start / "start.json").exists() else None,

@@ -1,4 +1,4 @@
-"""Which of several starts should GRPO run from? Free-running success on the RL TRAIN split.
+"""Which start, at which temperature, should GRPO run from? Free-running success on the RL TRAIN split.
 
 Rebuilding one recipe gives starts that differ more than any GRPO run has changed them
 (docs/rl/README.md, fifteenth run: malformed-call rate 0.29 vs 0.42, call-limit endings 30% vs
@@ -12,6 +12,13 @@ production runtime, the evaluation ``flywheel rl eval`` runs — with the run's 
 split is never read: choosing a start by held-out success would be tuning on it. Candidates are
 ranked by pass@1, ties by the lower malformed-call rate.
 
+``--temperature`` takes several values: every (candidate, temperature) pair is evaluated on the
+same tasks with the same sampling seeds and ranked together, so one start can be given alone to
+choose the temperature its GRPO run samples (and is evaluated) at (``rl_learning.py
+--temperature``). Why that is a choice at all: a small policy sampled at temperature 1 spends
+many rollouts on low-probability tokens that derail a copied path; sampling sharper raises the
+success GRPO's groups can reinforce — chosen here, on train tasks, never on held-out ones.
+
 Not guaranteed: the ranking is a sample (the standard error of one candidate's pass@1 is about
 sqrt(p(1-p)/(tasks*k)); the result reports it); the train tasks were also SFT's, so this measures
 free-running success where the start was taught, which is what GRPO's groups draw from, not
@@ -19,6 +26,8 @@ generalisation.
 
     .venv/bin/python benchmarks/rl_select_start.py /work/runs/start16a /work/runs/start16b \\
         --tasks /work/runs/w16a/start0/tasks.jsonl --max-tasks 48 -k 2 --name rl_select_start_sixteenth
+    .venv/bin/python benchmarks/rl_select_start.py /work/runs/start22 --temperature 1.0 0.7 0.4 \\
+        --tasks /work/runs/w22/start0/tasks.jsonl --max-tasks 48 -k 2 --name rl_select_start_temperature
 """
 
 from __future__ import annotations
@@ -84,14 +93,18 @@ def main() -> None:
     ap.add_argument("--max-tasks", type=int, default=48, help="train-split tasks to sample (drawn with --seed)")
     ap.add_argument("-k", "--k", type=int, default=2, help="rollouts per task")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--temperature", type=float, nargs="+", default=[1.0],
+                    help="sampling temperature(s); several: every candidate at each, ranked together")
     ap.add_argument("--max-tokens", type=int, default=192, help="per model call (rl_learning's default)")
     ap.add_argument("--max-model-calls", type=int, default=6)
     ap.add_argument("--max-wall-s", type=float, default=900.0)
     ap.add_argument("--name", default="rl_select_start")
     args = ap.parse_args()
-    if len(args.candidates) < 2:
-        raise SystemExit("rl_select_start: give at least two candidates")
+    if len(args.candidates) * len(set(args.temperature)) < 2:
+        raise SystemExit("rl_select_start: give at least two candidates, or one with several --temperature values")
+    if len(set(args.temperature)) != len(args.temperature) or min(args.temperature) <= 0:
+        raise SystemExit("rl_select_start: --temperature values must be distinct and > 0 "
+                         f"(got {args.temperature}); GRPO samples, so greedy (0) is no candidate")
     try:
         recipes = check_candidates(args.candidates, args.tasks)
     except CandidateError as exc:
@@ -111,32 +124,34 @@ def main() -> None:
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
     scores: list[dict[str, Any]] = []
     try:
-        for c in args.candidates:
+        for c, temperature in ((c, t) for c in args.candidates for t in args.temperature):
             t0 = time.perf_counter()
             tmp = tempfile.mkdtemp(prefix="flywheel-select-")
             try:
-                res = evaluate(tasks, k=args.k, checkpoint=c / "sft", limits=limits, temperature=args.temperature,
+                res = evaluate(tasks, k=args.k, checkpoint=c / "sft", limits=limits, temperature=temperature,
                                max_tokens=args.max_tokens, store_root=Path(tmp), seed=args.seed, run_id="select")
             finally:
                 remove_store(tmp)
             n = res.tasks * res.k
             sft = json.loads((c / "sft_done.json").read_text())
             scores.append({
-                "candidate": str(c), "pass_at_1": res.pass_at_1, "pass_at_1_se": standard_error(res.pass_at_1, n),
+                "candidate": str(c), "temperature": temperature,
+                "pass_at_1": res.pass_at_1, "pass_at_1_se": standard_error(res.pass_at_1, n),
                 f"pass_at_{res.k}": res.pass_at_k, "infra_errors": res.infra_errors,
                 "per_family": {f: v["pass@1"] for f, v in res.per_family.items()},
                 **{k: res.behaviour.get(k, float("nan")) for k in BEHAVIOUR_KEYS},
                 "sft_best_heldout_loss": min((p["heldout_loss"] for p in sft["curve"]), default=float("nan")),
                 "pretrain_corpus": recipes[c].get("pretrain_corpus"),
                 "seconds": round(time.perf_counter() - t0, 1)})
-            print(f"{c}: pass@1 {res.pass_at_1:.3f} ± {scores[-1]['pass_at_1_se']:.3f} "
+            print(f"{c} at T={temperature}: pass@1 {res.pass_at_1:.3f} ± {scores[-1]['pass_at_1_se']:.3f} "
                   f"({res.tasks} train tasks × {res.k})", flush=True)
     finally:
         ray.shutdown()
     ranking = rank(scores)
     write_result(args.name, {"split": "train", "tasks": len(tasks), "k": args.k, "seed": args.seed,
-                             "temperature": args.temperature, "max_tokens": args.max_tokens,
+                             "temperatures": args.temperature, "max_tokens": args.max_tokens,
                              "max_model_calls": args.max_model_calls, "best": ranking[0]["candidate"],
+                             "best_temperature": ranking[0]["temperature"],
                              "ranking": ranking})
 
 

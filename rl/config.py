@@ -101,7 +101,9 @@ class LimitsConfig(_Section):
 class RolloutConfig(_Section):
     workers: int = Field(1, ge=1)
     address: str | None = None  # a Ray cluster to join; None: ray.init() locally
-    temperature: float = Field(1.0, ge=0.0)
+    # the training rollouts' sampling temperature; the trainer optimises softmax(logits / temperature)
+    # (rl.train.grpo.GRPOTrainer); > 0: greedy rollouts give a group nothing to compare
+    temperature: float = Field(1.0, gt=0.0)
     max_tokens_per_call: int = Field(256, ge=1)
     # paths the AGENT's sandbox shows read-only (e.g. a Python with pytest for real-code tasks);
     # tasks graded with `interpreter: project` add the project's Python automatically

@@ -38,6 +38,14 @@ class GenerationRequest:
     seed: int | None = None  # None: a random seed
     return_routes: bool = False  # report MoE routes on the last piece (needs record_routes)
     routes_from: int = 0  # ... for positions from here on (earlier ones the caller already has)
+    # "raw": each token's logprob under the model (temperature 1); "processed": under the tempered
+    # distribution it was drawn from (logits / temperature; top-p not applied) — what RL records
+    logprobs_mode: Literal["raw", "processed"] = "raw"
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the reported logprobs are computed at (1 unless ``processed``; greedy: 1)."""
+        return self.temperature if self.logprobs_mode == "processed" and self.temperature > 0 else 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,3 +125,5 @@ def check_request(r: GenerationRequest, *, max_len: int, vocab_size: int, record
         raise EngineError("temperature must be >= 0")
     if not 0 < r.top_p <= 1:
         raise EngineError("top_p must be in (0, 1]")
+    if r.logprobs_mode not in ("raw", "processed"):
+        raise EngineError(f"logprobs_mode must be 'raw' or 'processed', not {r.logprobs_mode!r}")

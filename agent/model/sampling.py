@@ -4,7 +4,8 @@ Two pieces, both independent of the model:
 
 * :func:`sample` turns one step's logits (a row per sequence) into tokens with
   per-row temperature and top-p, and reports each token's log-probability
-  under the model's own distribution (temperature 1, no top-p; see there).
+  under the model's own distribution (temperature 1, no top-p) or, per row,
+  under the tempered one (see there).
 * :class:`TextStream` turns a sequence's tokens into text pieces that are safe
   to show: complete UTF-8 characters only, and never any part of a stop
   sequence (a stop that spans several tokens is held back until it either
@@ -19,7 +20,8 @@ import torch
 
 
 def sample(
-    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor,
+    logprob_temperature: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return ``(tokens [B], logprobs [B])``.
 
@@ -33,12 +35,21 @@ def sample(
     computes at temperature 1 (``model.logprobs``). At temperature 1 and
     top_p 1 this is also the distribution the token was drawn from; with any
     other temperature or top-p it is not (the sampler's distribution is the
-    tempered, truncated one), so RL rollouts should sample at 1 / 1 — or
-    correct for the difference — if they use these numbers as behaviour
-    logprobs.
+    tempered, truncated one).
+
+    ``logprob_temperature`` (``[B]``, optional) changes that per row: the
+    logprob reported is ``log_softmax(logits / t)[token]`` with the row's
+    ``t`` (1 = the model's own). RL rollouts sampled at temperature ``T`` pass
+    ``t = T`` so that the recorded behaviour logprobs are those of the
+    distribution the tokens were drawn from — what a trainer that optimises
+    the tempered policy (logits / T, as verl's actor does) computes. Not
+    applied: top-p truncation (an RL sampler keeps top_p 1).
     """
     logits = logits.float()
     logp = torch.log_softmax(logits, dim=-1)
+    report = logp
+    if logprob_temperature is not None and not bool((logprob_temperature == 1).all()):
+        report = torch.log_softmax(logits / logprob_temperature.float()[:, None], dim=-1)
     greedy = temperature <= 0
     tokens = logits.argmax(dim=-1)
     if not bool(greedy.all()):
@@ -61,7 +72,7 @@ def sample(
         pick = torch.minimum(pick, last)
         drawn = order.gather(1, pick[:, None]).squeeze(1) if order is not None else pick
         tokens = torch.where(greedy, tokens, drawn)
-    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+    return tokens, report.gather(1, tokens[:, None]).squeeze(1)
 
 
 class TextStream:

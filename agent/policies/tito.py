@@ -198,6 +198,7 @@ class TokenInTokenOutPolicy:
         max_tokens: int = 512, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
         return_routes: bool = False, special_tokens: tuple[str, ...] | None = None,
         seeds: Iterator[int] | None = None, label: str = "token-in/token-out policy",
+        logprobs_mode: str = "raw",
     ) -> None:
         from agent.model.tokenizer import SPECIAL_TOKENS
 
@@ -206,6 +207,7 @@ class TokenInTokenOutPolicy:
         self.prompt_profile = prompt_profile
         self.max_tokens, self.temperature, self.top_p = max_tokens, temperature, top_p
         self.return_routes = return_routes
+        self.logprobs_mode = logprobs_mode  # GenerationRequest.logprobs_mode ("processed": RL at T != 1)
         self.label = label
         self._seeds = seeds if seeds is not None else itertools.count(seed) if seed is not None else None
         self._specials = special_tokens or SPECIAL_TOKENS
@@ -254,6 +256,7 @@ class TokenInTokenOutPolicy:
             prompt_ids=ids, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
             stop=list(CHAT_TEMPLATE.turn_stops), seed=next(self._seeds) if self._seeds is not None else None,
             return_routes=self.return_routes, routes_from=len(self._routes) if self.return_routes else 0,
+            logprobs_mode=self.logprobs_mode,  # type: ignore[arg-type]
         )
         generate = getattr(self.completer, "generate", None)
         text: list[str] = []

@@ -164,7 +164,11 @@ class RolloutRunner:
         timed = _Timed(self.completer)
         policy = TokenInTokenOutPolicy(
             timed, self.tokenizer, prompt_profile=self.profile, max_tokens=self.config.max_tokens,
-            temperature=self.config.temperature if job.temperature is None else job.temperature, seed=job.seed, return_routes=self.config.return_routes,
+            temperature=self.config.temperature if job.temperature is None else job.temperature, seed=job.seed,
+            return_routes=self.config.return_routes,
+            # behaviour logprobs of the distribution each token was drawn from (the tempered one; at
+            # temperature 1 the same numbers as "raw"): what the trainer's logits / T computes
+            logprobs_mode="processed",
         )
         sink = ListSink()
         ended = ""  # the turn's end reason (empty when the session itself raised)

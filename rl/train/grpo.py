@@ -356,15 +356,25 @@ class GRPOTrainer:
 
     The optimizer is AdamW (``lr``, ``weight_decay``) with gradient-norm clipping;
     ``optimizer`` is public so a checkpoint can save and restore it exactly.
+
+    ``temperature`` is the rollouts' sampling temperature ``T``: the policy trained is the
+    tempered one, ``softmax(logits / T)`` — every logprob here (new, old, reference, entropy)
+    divides the logits by ``T``, as verl's actor does — and the rollouts' recorded behaviour
+    logprobs must be of that distribution (``GenerationRequest.logprobs_mode="processed"``,
+    which the rollout workers ask for). At ``T = 1`` nothing changes. Not guaranteed: that a
+    checkpoint trained at ``T < 1`` does as well when served at another temperature.
     """
 
     def __init__(self, model: MoETransformer, cfg: GRPOConfig, *, pad_id: int, lr: float,
-                 weight_decay: float = 0.0, grad_clip: float = 1.0) -> None:
+                 weight_decay: float = 0.0, grad_clip: float = 1.0, temperature: float = 1.0) -> None:
         from dataclasses import replace
 
         import torch
 
+        if not temperature > 0:
+            raise ValueError(f"the sampling temperature the policy is trained at must be > 0, not {temperature}")
         self.model, self.cfg, self.pad_id, self.grad_clip, self.lr = model, cfg, pad_id, grad_clip, lr
+        self.temperature = temperature
         # the run's coefficient replaces the checkpoint's (it is saved with the next checkpoint)
         model.cfg = replace(model.cfg, aux_loss_coef=cfg.aux_loss_coef)
         if cfg.routing_replay and not supports_routing_replay(model):
@@ -432,7 +442,8 @@ class GRPOTrainer:
         old: list[torch.Tensor | None] = [None] * len(batches)
         if cfg.minibatches > 1:  # off-policy after the first optimizer step: pi_old needs its own forward
             with torch.no_grad():
-                old = [_token_logprobs(self._forward(model, b).logits, b["input_ids"]) for b in batches]
+                old = [_token_logprobs(self._forward(model, b).logits / self.temperature, b["input_ids"])
+                       for b in batches]
         acc: dict[str, float] = defaultdict(float)
         n_tok = float(sum(b["mask"].sum() for b in batches))
         counts = None
@@ -442,7 +453,7 @@ class GRPOTrainer:
             for j in range(m, min(m + per_mb, len(batches))):
                 b = batches[j]
                 out = self._forward(model, b)
-                logp_all = torch.log_softmax(out.logits[:, :-1], dim=-1)
+                logp_all = torch.log_softmax(out.logits[:, :-1] / self.temperature, dim=-1)
                 new_lp = logp_all.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1)
                 # minibatches == 1: pi_old equals pi_theta in value; its detached copy saves a forward
                 old_lp = new_lp.detach() if old[j] is None else old[j]
@@ -452,7 +463,8 @@ class GRPOTrainer:
                 total = loss + share * out.aux_loss
                 if self.reference is not None:
                     with torch.no_grad():
-                        ref_lp = _token_logprobs(self._forward(self.reference, b).logits, b["input_ids"])
+                        ref_lp = _token_logprobs(self._forward(self.reference, b).logits / self.temperature,
+                                                 b["input_ids"])
                     log_r = ref_lp - new_lp
                     kl_sum = ((torch.exp(log_r) - log_r - 1) * b["mask"]).sum()
                     total = total + cfg.kl_coef * kl_sum / normaliser
@@ -461,7 +473,9 @@ class GRPOTrainer:
                 mask = b["mask"]
                 with torch.no_grad():
                     ent = -(logp_all.exp() * logp_all).sum(-1)
-                    delta = (b["sampler_logprobs"] - old_lp) * mask  # log pi_sampler - log pi_old
+                    # log pi_sampler - log pi_old on policy tokens (where, not a product: a masked
+                    # position's -inf logprob would make inf * 0 = NaN, and max() would hide it)
+                    delta = torch.where(mask > 0, b["sampler_logprobs"] - old_lp, 0.0)
                     r = torch.exp(-delta)
                     acc["entropy_sum"] += float((ent * mask).sum())
                     acc["abs_delta_sum"] += float(delta.abs().sum())

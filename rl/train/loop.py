@@ -117,7 +117,7 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trainer = GRPOTrainer(model, cfg.grpo, pad_id=tokenizer.pad_id, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                          grad_clip=cfg.grad_clip)
+                          grad_clip=cfg.grad_clip, temperature=cfg.rollout.temperature)
     latest = latest_checkpoint(out) if resume else None
     if latest is not None:
         state = load_run_state(latest, model, trainer.optimizer)

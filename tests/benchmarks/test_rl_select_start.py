@@ -1,6 +1,6 @@
 """benchmarks/rl_select_start.py: candidates must be starts of the given task set; the ranking is
-by pass@1, ties by the malformed-call rate; and an end-to-end run over two tiny starts writes a
-ranking of both, evaluated on TRAIN-split tasks."""
+by pass@1, ties by the malformed-call rate; and an end-to-end run over two tiny starts at two
+temperatures writes a ranking of the four pairs, evaluated on TRAIN-split tasks."""
 
 from __future__ import annotations
 
@@ -78,18 +78,21 @@ def test_ranked_by_pass_at_1_then_fewer_malformed_calls() -> None:
 
 
 @pytest.mark.timeout(600)
-def test_two_tiny_starts_are_evaluated_on_train_tasks_and_ranked(tmp_path: Path, task_file: Path) -> None:
+def test_two_tiny_starts_at_two_temperatures_are_evaluated_on_train_tasks_and_ranked(tmp_path: Path,
+                                                                                    task_file: Path) -> None:
     a, b = _start(tmp_path / "a", task_file, 0), _start(tmp_path / "b", task_file, 1)
     env = {**os.environ, "FLYWHEEL_BENCH_RESULTS": str(tmp_path / "results")}
     r = subprocess.run([sys.executable, str(BENCH / "rl_select_start.py"), str(a), str(b), "--tasks", str(task_file),
                         "--max-tasks", "2", "-k", "1", "--max-tokens", "16", "--max-model-calls", "1",
+                        "--temperature", "1.0", "0.5",
                         "--name", "select_test"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert json.loads((tmp_path / "results" / "select_test.json").read_text())["ranking"] == out["ranking"]
     assert out["split"] == "train" and out["tasks"] == 2 and out["k"] == 1
-    assert sorted(s["candidate"] for s in out["ranking"]) == sorted([str(a), str(b)])
-    assert out["best"] == out["ranking"][0]["candidate"]
+    assert sorted((s["candidate"], s["temperature"]) for s in out["ranking"]) == sorted(
+        (str(c), t) for c in (a, b) for t in (1.0, 0.5))
+    assert (out["best"], out["best_temperature"]) == (out["ranking"][0]["candidate"], out["ranking"][0]["temperature"])
     for s in out["ranking"]:
         assert 0.0 <= s["pass_at_1"] <= 1.0 and s["infra_errors"] == 0
         assert set(s["per_family"]) <= {"fix_bug", "find_change"}
@@ -100,3 +103,11 @@ def test_fewer_than_two_candidates_is_refused(tmp_path: Path, task_file: Path) -
     r = subprocess.run([sys.executable, str(BENCH / "rl_select_start.py"), str(tmp_path), "--tasks", str(task_file)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "at least two candidates" in r.stderr
+
+
+@pytest.mark.parametrize("temps", [["1.0", "1.0"], ["1.0", "0"]])
+def test_repeated_or_greedy_temperatures_are_refused(tmp_path: Path, task_file: Path, temps: list[str]) -> None:
+    r = subprocess.run([sys.executable, str(BENCH / "rl_select_start.py"), str(tmp_path), str(tmp_path / "b"),
+                        "--tasks", str(task_file), "--temperature", *temps],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "distinct and > 0" in r.stderr

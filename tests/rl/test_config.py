@@ -24,6 +24,7 @@ def test_yaml_toml_json_load_the_same_config(tmp_path: Path) -> None:
     ("model:\n  preset: huge\n", r"model.preset: unknown preset 'huge'"),
     ("sft:\n  max_steps: 0\n", r"sft: .*max_steps: 0 .*needs dagger_rounds >= 1"),
     ("sft:\n  edit_context: wide\n", r"sft.edit_context: Input should be 'minimal' or 'hunk'"),
+    ("rollout:\n  temperature: 0\n", r"rollout.temperature: Input should be greater than 0"),
     ("- a\n- b\n", r"top level must be a mapping"),
     ("a: [\n", r"not valid yaml"),
 ])

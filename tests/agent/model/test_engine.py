@@ -27,7 +27,8 @@ def tiny_tokenizer() -> Tokenizer:
     return train_tokenizer(texts, 1024)
 
 
-def tiny_model(tokenizer: Tokenizer, seed: int = 0, ends: tuple[str, ...] = ("<|end|>", "<|eos|>")) -> MoETransformer:
+def tiny_model(tokenizer: Tokenizer, seed: int = 0, ends: tuple[str, ...] = ("<|end|>", "<|eos|>"),
+               max_seq_len: int = 256) -> MoETransformer:
     """A random model that never writes a role marker or ``<|pad|>`` (their logits are -inf).
 
     Every special token ends a sequence; a random model would hit one of them early and cut
@@ -35,7 +36,7 @@ def tiny_model(tokenizer: Tokenizer, seed: int = 0, ends: tuple[str, ...] = ("<|
     ``ends=()`` gives a model that always runs to ``max_tokens`` (the tokenizer is trained on
     this repo's source, so where a random model first samples an end moves with every edit)."""
     torch.manual_seed(seed)
-    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_seq_len=256)).eval()
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_seq_len=max_seq_len)).eval()
     masked = [i for t, i in tokenizer.special_ids.items() if t not in ends]
 
     def no_markers(_module: torch.nn.Module, _inputs: object, logits: torch.Tensor) -> torch.Tensor:
@@ -104,6 +105,16 @@ def test_sampling_follows_the_tempered_distribution() -> None:
     want = torch.softmax(probs.log() / 0.5, -1)
     got = torch.bincount(tokens, minlength=3).float() / n
     assert torch.allclose(got, want, atol=0.02)
+
+
+def test_logprob_temperature_reports_the_tempered_distribution_per_row() -> None:
+    logits = torch.randn(4, 50)
+    temps = torch.tensor([0.5, 1.0, 0.0, 2.0])
+    tokens, lps = sample(logits, temps, torch.ones(4), torch.rand(4), torch.tensor([0.5, 1.0, 1.0, 2.0]))
+    want = torch.stack([torch.log_softmax(logits[i] / t, -1)[tokens[i]] for i, t in enumerate([0.5, 1.0, 1.0, 2.0])])
+    assert torch.allclose(lps, want, atol=1e-6)
+    raw = torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1)
+    assert not torch.allclose(lps[0], raw[0])  # T = 0.5 sharpens: the sampled token's logprob differs
 
 
 # -- streamed text ------------------------------------------------------------------
@@ -186,6 +197,21 @@ async def test_concurrent_sequences_report_training_logprobs(engine: Engine, mod
     print(f"max |engine - training| logprob difference: {worst:.2e}")
     assert worst <= 1e-5
     assert engine.stats.max_batch >= 3  # they really were decoded together
+
+
+async def test_processed_logprobs_are_the_tempered_forwards_and_raw_the_models(engine: Engine, model, tok) -> None:
+    """``logprobs_mode="processed"`` at temperature 0.5 reports ``log_softmax(logits / 0.5)``
+    of the training forward (what an RL trainer at T = 0.5 computes); "raw" the model's own."""
+    prompt = tok.encode("def f(x):")
+    for mode in ("processed", "raw"):
+        done = await engine.complete(GenerationRequest(prompt, max_tokens=12, temperature=0.5, seed=3,
+                                                       logprobs_mode=mode))  # type: ignore[arg-type]
+        ids = torch.tensor([prompt + done.token_ids])
+        logits = model(ids).logits[0, len(prompt) - 1 : -1] / (0.5 if mode == "processed" else 1.0)
+        ref = torch.log_softmax(logits, -1).gather(1, torch.tensor(done.token_ids)[:, None]).squeeze(1)
+        assert torch.allclose(torch.tensor(done.logprobs), ref, atol=1e-5, rtol=0), mode
+    with pytest.raises(EngineError, match="logprobs_mode"):
+        await engine.complete(GenerationRequest(prompt, max_tokens=2, logprobs_mode="tempered"))  # type: ignore[arg-type]
 
 
 async def test_equal_length_prompts_share_one_prefill(model, tok) -> None:

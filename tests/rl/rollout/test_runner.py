@@ -116,6 +116,35 @@ async def test_rollout_and_server_session_get_byte_identical_prompts_and_tool_re
     assert rollout_results == server_results and len(server_results) == 3
 
 
+async def test_a_rollout_at_temperature_half_records_what_a_trainer_at_half_computes(tmp_path, task, tok) -> None:
+    """A real engine, rollouts sampled at T = 0.5: the recorded behaviour logprobs are the tempered
+    policy's (the worker asks for ``logprobs_mode="processed"``), so GRPO at 0.5 sees no
+    sampler/trainer gap and GRPO at 1 would."""
+    from agent.model.engine import Engine
+    from rl.config import GRPOConfig
+    from rl.train.grpo import GRPOTrainer
+    from tests.agent.model.test_engine import tiny_model
+
+    every = tuple(tok.special_ids)  # no -inf logits: the prompt's own markers get finite logprobs
+    model = tiny_model(tok, ends=every, max_seq_len=1024)  # the compact prompt is ~430 tokens
+    engine = Engine(model, tok, max_slots=4)
+    await engine.start()
+    try:
+        config = WorkerConfig(store_root=str(tmp_path / "store"), limits=Limits(max_steps=2), return_routes=False,
+                              max_tokens=24, temperature=0.5)
+        r = RolloutRunner(config, engine, tok, COMPACT_PROFILE)
+        rollouts = await r.run([RolloutJob(task, "run", 0, i, seed=100 + i) for i in range(2)])
+    finally:
+        await engine.stop()
+    assert all(sum(x.loss_mask) > 0 for x in rollouts), [x.detail for x in rollouts]
+    for i, x in enumerate(rollouts):
+        x.reward = float(i == 0)
+    gaps = {t: GRPOTrainer(tiny_model(tok, ends=every, max_seq_len=1024), GRPOConfig(norm_tokens=16), pad_id=tok.pad_id, lr=1e-3,
+                           temperature=t).step(rollouts) for t in (0.5, 1.0)}
+    assert gaps[0.5]["stepped"] == 1 and gaps[0.5]["policy_tokens"] > 0, sorted(gaps[0.5].items())
+    assert gaps[0.5]["logprob_diff_max"] < 1e-4 and gaps[1.0]["logprob_diff_max"] > 1e-2, gaps
+
+
 async def test_close_deletes_the_cached_bases_and_unmounts(tmp_path, task, tok) -> None:
     from tools.overlay import mounts_under, overlay_unavailable
 

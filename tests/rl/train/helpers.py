@@ -19,9 +19,10 @@ def tiny_model(seed: int = 0, **overrides: object) -> MoETransformer:
 
 def rollout(model: MoETransformer | None, prompt: list[int], sampled: list[list[int]], *, task: str = "t",
             sample: int = 0, reward: float | None = 0.0, status: RolloutStatus = RolloutStatus.FINISHED,
-            between: list[int] | None = None) -> Rollout:
+            between: list[int] | None = None, temperature: float = 1.0) -> Rollout:
     """A rollout: ``prompt``, then each of ``sampled`` (policy segments) separated by ``between``
-    (a tool result). Sampler logprobs are the model's own (so Δ is ~0), or 0.0 without a model."""
+    (a tool result). Sampler logprobs are the model's own at ``temperature`` (log_softmax of
+    logits / temperature, so Δ is ~0 for a trainer at that temperature), or 0.0 without a model."""
     segments = [Segment(list(prompt), sampled=False)]
     for i, s in enumerate(sampled):
         if i:
@@ -30,7 +31,10 @@ def rollout(model: MoETransformer | None, prompt: list[int], sampled: list[list[
     r = Rollout(run_id="r", iteration=0, task_id=task, sample=sample, status=status, segments=segments,
                 reward=reward)
     if model is not None:
-        lp = model.logprobs(torch.tensor([r.token_ids]))[0].tolist()
+        ids = torch.tensor([r.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[:, :-1] / temperature, dim=-1)
+        lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)[0].tolist()
         pos = 0
         for seg in r.segments:
             if seg.sampled:

@@ -178,6 +178,21 @@ def test_update_lowers_negative_advantage_tokens_and_raises_positive_ones() -> N
     assert seq_lp(bad) < bad0 - 1e-3 and seq_lp(good) > good0 + 1e-3
 
 
+def test_the_trainer_optimises_the_tempered_policy_its_rollouts_were_sampled_from() -> None:
+    """Rollouts sampled at T = 0.5 record log_softmax(logits / 0.5): a trainer at 0.5 computes the
+    same numbers (TIS weights ~1); one at T = 1 would see a large sampler/trainer gap."""
+    prompt, seqs = [1, 2, 3, 7], [[10, 11, 12], [20, 21, 22]]
+    deltas = {}
+    for t in (0.5, 1.0):
+        model = tiny_model()
+        rs = [rollout(model, prompt, [s], sample=i, reward=float(i == 0), temperature=0.5) for i, s in enumerate(seqs)]
+        deltas[t] = GRPOTrainer(model, GRPOConfig(norm_tokens=4), pad_id=0, lr=1e-2, temperature=t).step(rs)
+    assert deltas[0.5]["stepped"] == 1 and deltas[0.5]["logprob_diff_max"] < 1e-4
+    assert deltas[1.0]["logprob_diff_max"] > 1e-2
+    with pytest.raises(ValueError, match="temperature"):
+        GRPOTrainer(tiny_model(), GRPOConfig(), pad_id=0, lr=1e-2, temperature=0.0)
+
+
 def test_kl_term_is_zero_at_the_start_and_grows_per_token_after_a_step() -> None:
     model = tiny_model()
     rs = [rollout(model, [1, 2], [[3 + i, 4, 9]], sample=i, reward=float(i % 2)) for i in range(4)]
