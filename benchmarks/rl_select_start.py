@@ -100,11 +100,11 @@ def main() -> None:
     ap.add_argument("--max-wall-s", type=float, default=900.0)
     ap.add_argument("--name", default="rl_select_start")
     args = ap.parse_args()
-    if len(args.candidates) * len(set(args.temperature)) < 2:
-        raise SystemExit("rl_select_start: give at least two candidates, or one with several --temperature values")
     if len(set(args.temperature)) != len(args.temperature) or min(args.temperature) <= 0:
         raise SystemExit("rl_select_start: --temperature values must be distinct and > 0 "
                          f"(got {args.temperature}); GRPO samples, so greedy (0) is no candidate")
+    if len(args.candidates) * len(args.temperature) < 2:
+        raise SystemExit("rl_select_start: give at least two candidates, or one with several --temperature values")
     try:
         recipes = check_candidates(args.candidates, args.tasks)
     except CandidateError as exc:

@@ -343,7 +343,8 @@ class Engine:
     async def _run_step(self, loop: asyncio.AbstractEventLoop, seqs: list[_Sequence], *, prefill: bool) -> None:
         placements = [s.placement for s in seqs] if prefill else None
         tokens = [s.request.prompt_ids[s.placement.keep :] if prefill else [s.last_token] for s in seqs]  # type: ignore[union-attr]
-        params = [(s.request.temperature, s.request.top_p, s.generator, s.request.logprob_temperature) for s in seqs]
+        params = [(s.request.temperature, s.request.top_p, s.generator, s.request.logprobs_mode == "processed")
+                  for s in seqs]
         slots = [s.slot for s in seqs]
         try:
             ids, lps = await loop.run_in_executor(self._worker, self.runner.forward, tokens, slots, params,

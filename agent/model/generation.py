@@ -42,11 +42,6 @@ class GenerationRequest:
     # distribution it was drawn from (logits / temperature; top-p not applied) — what RL records
     logprobs_mode: Literal["raw", "processed"] = "raw"
 
-    @property
-    def logprob_temperature(self) -> float:
-        """The temperature the reported logprobs are computed at (1 unless ``processed``; greedy: 1)."""
-        return self.temperature if self.logprobs_mode == "processed" and self.temperature > 0 else 1.0
-
 
 @dataclass(frozen=True, slots=True)
 class GeneratedPiece:

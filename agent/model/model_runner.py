@@ -23,8 +23,9 @@ import torch
 from agent.model.prefix_cache import Placement
 from agent.model.sampling import sample
 
-SamplingParams = tuple[float, float, torch.Generator, float]
-"""One row's temperature, top-p, random generator and logprob temperature (:func:`sample`)."""
+SamplingParams = tuple[float, float, torch.Generator, bool]
+"""One row's temperature, top-p, random generator, and whether its logprobs are the tempered
+distribution's (``GenerationRequest.logprobs_mode == "processed"``; :func:`sample`)."""
 
 
 class ModelRunner:
@@ -72,8 +73,8 @@ class ModelRunner:
             temperature = torch.tensor([p[0] for p in params], device=self.device)
             top_p = torch.tensor([p[1] for p in params], device=self.device)
             uniform = torch.cat([torch.rand(1, generator=p[2]) for p in params]).to(self.device)
-            lp_t = torch.tensor([p[3] for p in params], device=self.device)
-            ids, lps = sample(logits, temperature, top_p, uniform, lp_t)
+            processed = torch.tensor([p[3] for p in params], dtype=torch.bool, device=self.device)
+            ids, lps = sample(logits, temperature, top_p, uniform, processed)
             return ids.tolist(), lps.tolist()
 
     def routes_of(self, slot: int, start: int, stop: int) -> list[list[list[int]]]:

@@ -21,7 +21,7 @@ import torch
 
 def sample(
     logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor,
-    logprob_temperature: torch.Tensor | None = None,
+    processed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return ``(tokens [B], logprobs [B])``.
 
@@ -37,19 +37,19 @@ def sample(
     other temperature or top-p it is not (the sampler's distribution is the
     tempered, truncated one).
 
-    ``logprob_temperature`` (``[B]``, optional) changes that per row: the
-    logprob reported is ``log_softmax(logits / t)[token]`` with the row's
-    ``t`` (1 = the model's own). RL rollouts sampled at temperature ``T`` pass
-    ``t = T`` so that the recorded behaviour logprobs are those of the
-    distribution the tokens were drawn from — what a trainer that optimises
-    the tempered policy (logits / T, as verl's actor does) computes. Not
-    applied: top-p truncation (an RL sampler keeps top_p 1).
+    ``processed`` (``[B]`` bool, optional) changes that per row: a row marked
+    reports ``log_softmax(logits / temperature)[token]``, the tempered
+    distribution it was drawn from (a greedy row: the model's own). RL
+    rollouts ask for it so that the recorded behaviour logprobs are what a
+    trainer that optimises the tempered policy (logits / T, as verl's actor
+    does) computes. Not applied: top-p truncation (an RL sampler keeps top_p 1).
     """
     logits = logits.float()
     logp = torch.log_softmax(logits, dim=-1)
     report = logp
-    if logprob_temperature is not None and not bool((logprob_temperature == 1).all()):
-        report = torch.log_softmax(logits / logprob_temperature.float()[:, None], dim=-1)
+    if processed is not None and bool((processed & (temperature > 0) & (temperature != 1)).any()):
+        t = torch.where(processed & (temperature > 0), temperature, torch.ones_like(temperature)).float()
+        report = torch.log_softmax(logits / t[:, None], dim=-1)
     greedy = temperature <= 0
     tokens = logits.argmax(dim=-1)
     if not bool(greedy.all()):

@@ -55,7 +55,7 @@ import itertools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from agent.policy import PolicyChunk, PolicyError
 from agent.prompt import CHAT_TEMPLATE, DEFAULT_PROFILE, PromptProfile, RenderedPrompt
@@ -198,7 +198,7 @@ class TokenInTokenOutPolicy:
         max_tokens: int = 512, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
         return_routes: bool = False, special_tokens: tuple[str, ...] | None = None,
         seeds: Iterator[int] | None = None, label: str = "token-in/token-out policy",
-        logprobs_mode: str = "raw",
+        logprobs_mode: Literal["raw", "processed"] = "raw",
     ) -> None:
         from agent.model.tokenizer import SPECIAL_TOKENS
 
@@ -256,7 +256,7 @@ class TokenInTokenOutPolicy:
             prompt_ids=ids, max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p,
             stop=list(CHAT_TEMPLATE.turn_stops), seed=next(self._seeds) if self._seeds is not None else None,
             return_routes=self.return_routes, routes_from=len(self._routes) if self.return_routes else 0,
-            logprobs_mode=self.logprobs_mode,  # type: ignore[arg-type]
+            logprobs_mode=self.logprobs_mode,
         )
         generate = getattr(self.completer, "generate", None)
         text: list[str] = []

@@ -107,10 +107,10 @@ def test_sampling_follows_the_tempered_distribution() -> None:
     assert torch.allclose(got, want, atol=0.02)
 
 
-def test_logprob_temperature_reports_the_tempered_distribution_per_row() -> None:
+def test_processed_rows_report_the_tempered_distribution() -> None:
     logits = torch.randn(4, 50)
     temps = torch.tensor([0.5, 1.0, 0.0, 2.0])
-    tokens, lps = sample(logits, temps, torch.ones(4), torch.rand(4), torch.tensor([0.5, 1.0, 1.0, 2.0]))
+    tokens, lps = sample(logits, temps, torch.ones(4), torch.rand(4), torch.ones(4, dtype=torch.bool))
     want = torch.stack([torch.log_softmax(logits[i] / t, -1)[tokens[i]] for i, t in enumerate([0.5, 1.0, 1.0, 2.0])])
     assert torch.allclose(lps, want, atol=1e-6)
     raw = torch.log_softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1)
