@@ -32,6 +32,13 @@ present (``logprobs`` need not be requested):
   ``top_logprobs: null`` (not computed). Streamed chunks carry the same
   fields for their own tokens.
 
+One request parameter (both endpoints) that OpenAI does not have:
+``logprobs_mode`` — ``"raw"`` (default: temperature-1 logprobs, as above) or
+``"processed"`` (the logprobs of the distribution each token was drawn from,
+``log_softmax(logits / temperature)``; top-p is not applied), so a trainer
+sampling at a temperature other than 1 gets old-policy logprobs that match
+its own tempered forward pass. vLLM offers the same choice as a server flag.
+
 ``max_tokens`` (default: as many as fit) is clamped to the room the prompt
 leaves in the model's context (unlike vLLM, which rejects such requests); a
 prompt that leaves no room is a 400 with code ``context_length_exceeded``.
@@ -142,6 +149,9 @@ class _Body(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = Field(default=None, max_length=MAX_NAME)  # accepted; no effect
+    # extension (vLLM has it as a server flag): "raw" = temperature-1 logprobs, "processed" = logprobs of the
+    # distribution each token was drawn from (log_softmax(logits / temperature); top-p not applied)
+    logprobs_mode: Literal["raw", "processed"] = "raw"
 
     @property
     def include_usage(self) -> bool:
@@ -344,7 +354,7 @@ def create_app(engine: Any, *, model_id: str, api_key: str | None = None,
             prompt_ids=prompt_ids, max_tokens=max_tokens or engine.max_len,
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p, stop=stops,
-            seed=None if body.seed is None else body.seed + index,
+            seed=None if body.seed is None else body.seed + index, logprobs_mode=body.logprobs_mode,
         )
         try:
             return engine.fit(req)  # max_tokens clamped to what the context leaves

@@ -124,7 +124,9 @@ class CompletionLogprobs(BaseModel):
     model_config = ConfigDict(ser_json_inf_nan="constants")
 
     tokens: list[str] = Field(description="each token id decoded alone")
-    token_logprobs: list[float] = Field(description="aligned with token_ids (temperature-1 logprobs)")
+    token_logprobs: list[float] = Field(description=(
+        "aligned with token_ids (temperature-1 logprobs; with logprobs_mode: processed, those of the "
+        "tempered distribution each token was drawn from)"))
     top_logprobs: None = Field(None, description="not computed")
     text_offset: None = None
 

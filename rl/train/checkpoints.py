@@ -4,7 +4,7 @@ One directory per saved iteration, ``OUT/checkpoints/iter_000007/``:
 
 * the model as a serving checkpoint (:func:`agent.model.checkpoint.save_checkpoint`:
   ``model.safetensors``, ``config.json``, ``tokenizer.json``, ``meta.json`` with the
-  prompt profile), so ``flywheel run --policy local:DIR`` serves it unchanged;
+  prompt profile and the temperature it was trained at), so ``flywheel run --policy local:DIR`` serves it unchanged;
 * ``optimizer.safetensors`` — every tensor of the optimizer state, keyed
   ``"<param index>.<name>"``; ``trainer_state.json`` — the rest of the optimizer
   state (param groups), the iteration, the weights version, the task order and the
@@ -109,8 +109,11 @@ def _optimizer_join(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> d
 
 
 def save_run_state(out_dir: str | Path, model: MoETransformer, tokenizer: Tokenizer, optimizer: torch.optim.Optimizer,
-                   state: RunState, *, profile: PromptProfile) -> Path:
-    """Save iteration ``state.iteration``'s checkpoint under ``OUT/checkpoints`` (see the module docstring)."""
+                   state: RunState, *, profile: PromptProfile, temperature: float = 1.0) -> Path:
+    """Save iteration ``state.iteration``'s checkpoint under ``OUT/checkpoints`` (see the module docstring).
+    ``temperature`` is the one the policy was trained at (``rollout.temperature``); it is recorded in
+    ``meta.json`` as ``extra.train_temperature``, for whoever serves or evaluates the checkpoint — nothing
+    reads it back (serving samples at what its caller asks)."""
     root = Path(out_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"iter_{state.iteration:06d}"
@@ -118,7 +121,7 @@ def save_run_state(out_dir: str | Path, model: MoETransformer, tokenizer: Tokeni
     if tmp.exists():
         shutil.rmtree(tmp)
     save_checkpoint(tmp, model, tokenizer, step=state.iteration, profile=profile,
-                    extra={"weights_version": state.weights_version, "rl": True})
+                    extra={"weights_version": state.weights_version, "rl": True, "train_temperature": temperature})
     opt_tensors, opt_meta = _optimizer_split(optimizer)
     save_file(opt_tensors, str(tmp / OPTIMIZER))
     rng_tensors, rng_meta = _rng_state()

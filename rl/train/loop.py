@@ -197,7 +197,8 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
         append_metrics(metrics_path, record)
         records.append(record)
         if state.iteration % cfg.checkpoint_every == 0 or state.iteration == cfg.iterations:
-            save_run_state(out, model, tokenizer, trainer.optimizer, state, profile=profile)
+            save_run_state(out, model, tokenizer, trainer.optimizer, state, profile=profile,
+                           temperature=cfg.rollout.temperature)
         plot_metrics(read_metrics(metrics_path), out / "curves.png", title=cfg.name)  # per iteration
         if progress is not None:
             progress(record)

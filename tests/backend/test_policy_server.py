@@ -134,6 +134,29 @@ def test_completions_token_in_token_out_match_training_logprobs(server: str, loc
     assert choice["text"] == tok.decode([t for t in ids if t not in end])
 
 
+def test_processed_logprobs_are_those_of_the_tempered_distribution(app_client: TestClient, local) -> None:
+    """``logprobs_mode: processed`` at T = 0.5 gives log_softmax(logits / 0.5) of the sampled
+    tokens (what a trainer at 0.5 computes); the default stays temperature-1."""
+    model, tok = local
+    prompt = tok.encode("def add(a, b):")
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0.5, "seed": 5}
+    raw = app_client.post("/v1/completions", json=body).json()["choices"][0]
+    processed = app_client.post("/v1/completions", json={**body, "logprobs_mode": "processed"}).json()["choices"][0]
+    assert processed["token_ids"] == raw["token_ids"]  # same seed, same draws: only the reported logprobs differ
+    ids = processed["token_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+    picked = torch.tensor(ids).unsqueeze(-1)
+    tempered = torch.log_softmax(logits / 0.5, -1).gather(-1, picked).squeeze(-1)
+    plain = torch.log_softmax(logits, -1).gather(-1, picked).squeeze(-1)
+    assert (tempered - torch.tensor(processed["logprobs"]["token_logprobs"])).abs().max().item() <= 1e-4
+    assert (plain - torch.tensor(raw["logprobs"]["token_logprobs"])).abs().max().item() <= 1e-4
+    assert (tempered - plain).abs().max().item() > 1e-2  # the two modes are distinguishable here
+    chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "logprobs_mode": "sideways"}
+    r = app_client.post("/v1/chat/completions", json=chat)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs_mode"
+
+
 def test_completions_stream_carries_the_same_tokens(server: str, local) -> None:
     _, tok = local
     body = {"prompt": "import os", "max_tokens": 10, "seed": 3}

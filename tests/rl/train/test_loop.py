@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from agent.model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from agent.model.checkpoint import CheckpointError, load_checkpoint, load_meta, save_checkpoint
 from agent.model.tokenizer import Tokenizer, train_tokenizer
 from agent.prompt import profile_named
 from rl.config import RunConfig
@@ -60,16 +60,18 @@ class ToySource:
         return out
 
 
-def _cfg(out: Path, iterations: int = 2) -> RunConfig:
+def _cfg(out: Path, iterations: int = 2, temperature: float = 1.0) -> RunConfig:
     return RunConfig.model_validate({"out_dir": str(out), "iterations": iterations, "tasks_per_iteration": 2,
-                                     "lr": 1e-2, "seed": 3, "grpo": {"group_size": 4, "norm_tokens": 4}})
+                                     "lr": 1e-2, "seed": 3, "grpo": {"group_size": 4, "norm_tokens": 4},
+                                     "rollout": {"temperature": temperature}})
 
 
-def _run(out: Path, tok: Tokenizer, *, stop_after: int | None = None, scramble: bool = False) -> Any:
+def _run(out: Path, tok: Tokenizer, *, stop_after: int | None = None, scramble: bool = False,
+         temperature: float = 1.0) -> Any:
     model = tiny_model(seed=1, vocab_size=tok.vocab_size)  # the same init every time (a fresh process)
     if scramble:  # what a fresh process's RNG would be: not the run's
         torch.manual_seed(12345)
-    return model, run_loop(_cfg(out), model=model, tokenizer=tok, profile=profile_named("compact"),
+    return model, run_loop(_cfg(out, temperature=temperature), model=model, tokenizer=tok, profile=profile_named("compact"),
                            task_ids=[f"task{i}" for i in range(3)], source=ToySource(tok.vocab_size),
                            stop_after=stop_after)
 
@@ -90,6 +92,13 @@ def test_killed_and_resumed_run_gives_identical_weights(tmp_path: Path, tok: Tok
     # the trained checkpoint is a serving checkpoint: loads with the one loader, profile included
     served, _ = load_checkpoint(latest_checkpoint(tmp_path / "b"))
     assert all(torch.equal(served.state_dict()[k], b[k]) for k in b)
+    extra = load_meta(latest_checkpoint(tmp_path / "b"))["extra"]
+    assert extra["rl"] is True and extra["weights_version"] == 2 and extra["train_temperature"] == 1.0
+
+
+def test_a_checkpoint_records_the_temperature_it_was_trained_at(tmp_path: Path, tok: Tokenizer) -> None:
+    _run(tmp_path, tok, stop_after=1, temperature=0.7)
+    assert load_meta(latest_checkpoint(tmp_path))["extra"]["train_temperature"] == 0.7
 
 
 def test_resume_refuses_a_checkpoint_of_another_architecture(tmp_path: Path, tok: Tokenizer) -> None:
