@@ -85,6 +85,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from agent.model.generation import LogprobsMode
 from agent.prompt import CHAT_TEMPLATE, DEFAULT_PROFILE, ChatTemplate, Message, PromptProfile, flatten
 from backend.policy_server_schemas import (
     ChatCompletion,
@@ -149,9 +150,7 @@ class _Body(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     user: str | None = Field(default=None, max_length=MAX_NAME)  # accepted; no effect
-    # extension (vLLM has it as a server flag): "raw" = temperature-1 logprobs, "processed" = logprobs of the
-    # distribution each token was drawn from (log_softmax(logits / temperature); top-p not applied)
-    logprobs_mode: Literal["raw", "processed"] = "raw"
+    logprobs_mode: LogprobsMode = "raw"  # extension: see the module docstring
 
     @property
     def include_usage(self) -> bool:

@@ -17,6 +17,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal
 
+# what a token's reported logprob is: "raw" = the model's (temperature-1); "processed" = log_softmax(logits / T)
+# of the distribution it was drawn from (top-p not applied)
+LogprobsMode = Literal["raw", "processed"]
+
 FinishReason = Literal["stop", "length"]
 
 
@@ -40,7 +44,7 @@ class GenerationRequest:
     routes_from: int = 0  # ... for positions from here on (earlier ones the caller already has)
     # "raw": each token's logprob under the model (temperature 1); "processed": under the tempered
     # distribution it was drawn from (logits / temperature; top-p not applied) — what RL records
-    logprobs_mode: Literal["raw", "processed"] = "raw"
+    logprobs_mode: LogprobsMode = "raw"
 
 
 @dataclass(frozen=True, slots=True)

@@ -55,8 +55,9 @@ import itertools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from agent.model.generation import LogprobsMode
 from agent.policy import PolicyChunk, PolicyError
 from agent.prompt import CHAT_TEMPLATE, DEFAULT_PROFILE, PromptProfile, RenderedPrompt
 
@@ -198,7 +199,7 @@ class TokenInTokenOutPolicy:
         max_tokens: int = 512, temperature: float = 1.0, top_p: float = 1.0, seed: int | None = None,
         return_routes: bool = False, special_tokens: tuple[str, ...] | None = None,
         seeds: Iterator[int] | None = None, label: str = "token-in/token-out policy",
-        logprobs_mode: Literal["raw", "processed"] = "raw",
+        logprobs_mode: LogprobsMode = "raw",
     ) -> None:
         from agent.model.tokenizer import SPECIAL_TOKENS
 
