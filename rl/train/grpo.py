@@ -466,9 +466,11 @@ class GRPOTrainer:
                         ref_lp = _token_logprobs(self._forward(self.reference, b).logits / self.temperature,
                                                  b["input_ids"])
                     log_r = ref_lp - new_lp
-                    kl_sum = ((torch.exp(log_r) - log_r - 1) * b["mask"]).sum()
+                    k3 = (torch.exp(log_r) - log_r - 1) * b["mask"]
+                    kl_sum = k3.sum()
                     total = total + cfg.kl_coef * kl_sum / normaliser
                     acc["kl_ref_sum"] += float(kl_sum.detach())
+                    acc["kl_ref_token_max"] = max(acc["kl_ref_token_max"], float(k3.detach().max()))
                 total.backward()
                 mask = b["mask"]
                 with torch.no_grad():
@@ -480,6 +482,9 @@ class GRPOTrainer:
                     acc["entropy_sum"] += float((ent * mask).sum())
                     acc["abs_delta_sum"] += float(delta.abs().sum())
                     acc["max_abs_delta"] = max(acc["max_abs_delta"], float(delta.abs().max()))
+                    # how far this update has already moved a sampled token's logprob (0 in the first minibatch)
+                    moved = torch.where(mask > 0, (new_lp.detach() - old_lp).abs(), 0.0)
+                    acc["policy_move_max"] = max(acc["policy_move_max"], float(moved.max()))
                     acc["kl_sampler_sum"] += float(((r - 1 + delta) * mask).sum())  # k3 of KL(sampler||trainer)
                     acc["loss"] += float(loss.detach())
                     acc["aux_loss"] += share * float(out.aux_loss.detach())
@@ -503,11 +508,14 @@ class GRPOTrainer:
             "tis_clipped_frac": acc["tis_clipped"] / max(n_tok, 1.0),
             "tis_weight_mean": acc["tis_weight_sum"] / max(n_tok, 1.0),
             "ppo_clipped_frac": acc["ppo_clipped"] / max(n_tok, 1.0),
+            "policy_move_max": acc["policy_move_max"],
             "expert_balance": expert_balance(counts) if counts is not None else 1.0,
         }
         if self.reference is not None:
             # per policy token (the loss term is this times policy_tokens / (rows * norm_tokens))
             metrics["kl_ref"] = acc["kl_ref_sum"] / max(n_tok, 1.0)
+            # the largest single token's k3: a mean of several units is a few tokens far off, or many a little
+            metrics["kl_ref_token_max"] = acc["kl_ref_token_max"]
         return metrics
 
 

@@ -86,6 +86,8 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("importance weights clipped", ("tis_clipped_frac", "ppo_clipped_frac")),
     ("expert load balance (max/mean)", ("expert_balance",)),
     ("KL to the start, per policy token (kl_coef > 0)", ("kl_ref",)),
+    ("largest single-token KL to the start (kl_coef > 0)", ("kl_ref_token_max",)),
+    ("largest |Δ logprob| of a sampled token within one update", ("policy_move_max",)),
     ("learning rate (last step of the update)", ("lr",)),
     ("entropy", ("entropy",)),
     ("grad norm", ("grad_norm",)),

@@ -203,6 +203,8 @@ def test_kl_term_is_zero_at_the_start_and_grows_per_token_after_a_step() -> None
     second = trainer.step(rs)
     # a per-token mean of a non-negative estimator: positive, and independent of the minibatching
     assert 0.0 < second["kl_ref"] < 10.0
+    # the mean is over tokens, the max is one token's: at least the mean, at most the sum
+    assert second["kl_ref"] <= second["kl_ref_token_max"] <= second["kl_ref"] * second["policy_tokens"]
     assert "kl_ref" not in GRPOTrainer(tiny_model(), GRPOConfig(), pad_id=0, lr=1e-3).step(rs)
 
 
@@ -232,6 +234,10 @@ def test_minibatches_compute_old_logprobs_and_train() -> None:
     rs = [rollout(model, [1, 2], [[3 + i, 4]], sample=i, reward=float(i % 2)) for i in range(4)]
     m = GRPOTrainer(model, GRPOConfig(minibatches=2, micro_batch=1), pad_id=0, lr=1e-2).step(rs)
     assert m["stepped"] == 1 and m["n_trained"] == 4 and math.isfinite(m["loss"])
+    # the second minibatch is scored after the first's optimizer step: its tokens have moved
+    assert m["policy_move_max"] > 0.0
+    one = GRPOTrainer(tiny_model(), GRPOConfig(minibatches=1), pad_id=0, lr=1e-2).step(rs)
+    assert one["policy_move_max"] == 0.0  # one optimizer step: nothing is scored after it
 
 
 def test_too_long_rollout_is_an_error_naming_it() -> None:
