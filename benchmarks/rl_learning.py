@@ -295,7 +295,8 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
                  "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
                  "neg_adv_scale": args.neg_adv_scale, "lr_warmup_steps": args.lr_warmup_steps,
                  "no_reinforce_malformed": args.no_reinforce_malformed,
-                 "malformed_call_adv": args.malformed_call_adv, "length_coef": args.length_coef},
+                 "malformed_call_adv": args.malformed_call_adv, "length_coef": args.length_coef,
+                 "length_scope": args.length_scope},
         "limits": {"max_model_calls": args.max_model_calls,
                    "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
         "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens, "temperature": args.temperature},
@@ -436,6 +437,9 @@ def main() -> None:
     ap.add_argument("--length-coef", type=float, default=0.0,
                     help="grpo.length_coef: Kimi k1.5's group-relative length reward times this (default 0: off; "
                          "at most 0.2)")
+    ap.add_argument("--length-scope", choices=("group", "solved"), default="group",
+                    help="grpo.length_scope: whose lengths rank a solved rollout — 'group' (Kimi: every rollout of "
+                         "the group) or 'solved' (the group's solutions only; failures keep Kimi's term)")
     ap.add_argument("--temperature", type=float, default=1.0,
                     help="sampling temperature of the training rollouts AND of the held-out evaluations (the start "
                          "and every later one, so the comparison is at one temperature); the trainer optimises "
@@ -575,6 +579,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                      args.no_reinforce_malformed,
                                                                  "malformed_call_adv": args.malformed_call_adv,
                                                                  "length_coef": args.length_coef,
+                                                                 "length_scope": args.length_scope,
                                                                  "temperature": args.temperature},
               # --start: the recipe the adopted start was built with (its DAgger rounds, shell share, ...)
               "start_recipe": json.loads((args.start / "start.json").read_text())

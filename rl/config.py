@@ -63,6 +63,9 @@ class GRPOConfig(_Section):
     # Kimi k1.5's group-relative length reward, times this (0: off); see rl.train.grpo "Length term".
     # At most 0.2, so a solved rollout still scores above every failure of its group
     length_coef: float = Field(0.0, ge=0.0, le=0.2)
+    # whose lengths set a solved rollout's length term: "group" (Kimi: every rollout of the group) or
+    # "solved" (the group's solved rollouts only; failures keep Kimi's term); see rl.train.grpo "Length term"
+    length_scope: Literal["group", "solved"] = "group"
     kl_coef: float = Field(0.0, ge=0.0)  # k3 KL to the initial policy; 0 = no reference model (default)
     aux_loss_coef: float = Field(0.01, ge=0.0)  # MoE load-balancing term (replaces the checkpoint's coefficient)
     norm_tokens: int = Field(1024, ge=1)  # Dr. GRPO's constant: loss = sum over tokens / (rows * norm_tokens)

@@ -68,6 +68,14 @@ also noted where it happens below):
   about solving trainable (Kimi applies it to every group); rollouts that sampled no token take no
   part (0 tokens would set ``L_min``). ``length_bonus_mean`` records the mean term over the
   rollouts of every group it was computed for (those without a success count as zeros).
+  ``length_scope="solved"`` (a fourth departure, off by default) takes a solved rollout's ``L_min``
+  and ``L_max`` over the group's *solved* rollouts only (failures keep Kimi's term). Why: our
+  failures are often the longest rollouts of a group (a policy looping until the call limit), so
+  with Kimi's scope ``L_max`` is a failure's and the solutions all sit near the short end with
+  nearly equal terms — in a group of solutions of 300 and 400 tokens and failures of 50 and 800,
+  the two solutions' terms differ by ``0.13 w``; over the solved ones alone by ``w``. A lone
+  solution (or solutions of one length) then gets no term. A solved rollout still scores above
+  every failure (its term is at least ``-w/2``, a failure's at most 0).
 * **Zero-variance groups** (all rewards equal) have zero advantage everywhere;
   they are skipped before any forward (``frac_reward_zero_std``), as DAPO's
   dynamic sampling does. Departure from DAPO: we do not resample to refill the
@@ -126,7 +134,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rl.types import Rollout, RolloutStatus
 
@@ -216,7 +224,7 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
             continue
         rewards = [float(r.reward) for r in group]  # type: ignore[arg-type]
         if cfg.length_coef > 0:
-            bonus = length_terms(group, cfg.length_coef)
+            bonus = length_terms(group, cfg.length_coef, cfg.length_scope)
             rewards = [r + x for r, x in zip(rewards, bonus, strict=True)]
             sel.length_terms += bonus
         if max(rewards) - min(rewards) == 0.0:
@@ -231,21 +239,27 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
     return sel
 
 
-def length_terms(group: Sequence[Rollout], coef: float) -> list[float]:
+def length_terms(group: Sequence[Rollout], coef: float, scope: Literal["group", "solved"] = "group") -> list[float]:
     """Kimi k1.5's group-relative length reward of each rollout of one group, times ``coef`` (see
     "Length term" in the module docstring): ``coef * lam`` for a solved rollout (reward term
     ``success`` 1; a rollout without that term counts as unsolved), ``coef * min(0, lam)`` for an
     unsolved one. All zeros when no rollout of the group is solved, or when every rollout that
     sampled a token sampled as many; a rollout that sampled none gets 0 and does not set the
-    group's shortest length."""
+    group's shortest length. ``scope="solved"``: a solved rollout's ``lam`` is taken over the
+    group's solved rollouts' lengths (0 when they are all one length); an unsolved one's as before."""
     lengths = [sum(len(s.token_ids) for s in r.segments if s.sampled) for r in group]
     solved = [r.reward_terms.get("success", 0.0) >= 1.0 for r in group]
     counted = [n for n in lengths if n > 0]
     if not any(solved) or not counted or min(counted) == max(counted):
         return [0.0] * len(group)
-    lo, hi = min(counted), max(counted)
-    return [0.0 if n == 0 else coef * (lam if ok else min(0.0, lam))
-            for n, ok, lam in ((n, ok, 0.5 - (n - lo) / (hi - lo)) for n, ok in zip(lengths, solved, strict=True))]
+
+    def lam(n: int, among: Sequence[int]) -> float:
+        lo, hi = min(among), max(among)
+        return 0.0 if lo == hi else 0.5 - (n - lo) / (hi - lo)
+
+    wins = [n for n, ok in zip(lengths, solved, strict=True) if ok and n > 0] if scope == "solved" else counted
+    return [0.0 if n == 0 else coef * (lam(n, wins) if ok else min(0.0, lam(n, counted)))
+            for n, ok in zip(lengths, solved, strict=True)]
 
 
 def malformed_call_segments(rollout: Rollout) -> set[int] | None:

@@ -387,6 +387,28 @@ def test_length_terms_leave_groups_without_a_solution_and_empty_rollouts_alone()
     assert length_terms([*ok, empty], 0.2) == pytest.approx([0.1, -0.1, 0.0])
 
 
+def test_solved_length_scope_ranks_solutions_among_themselves_and_leaves_failures_as_kimi() -> None:
+    # solutions of 30 and 40 tokens, failures of 5 and 80: Kimi's scope puts both solutions near the short end
+    group = [_solved(rollout(None, [1], [[3] * n], sample=i, reward=float(ok)), ok)
+             for i, (n, ok) in enumerate([(30, True), (40, True), (5, False), (80, False)])]
+    kimi = length_terms(group, 0.2)
+    solved = length_terms(group, 0.2, "solved")
+    assert kimi[0] - kimi[1] == pytest.approx(0.2 * 10 / 75)  # 0.027: the solutions nearly tie
+    assert solved[:2] == pytest.approx([0.1, -0.1])  # over the solutions alone: the full spread
+    assert solved[2:] == kimi[2:] and kimi[2:] == pytest.approx([0.0, -0.1])  # failures: Kimi's term
+    # a lone solution, or solutions of one length, get no term; the failures still pay
+    lone = length_terms(group[:1] + group[2:], 0.2, "solved")
+    assert lone[0] == 0.0 and lone[2] == pytest.approx(-0.1)
+    # still bounded: the longest solution scores above every failure
+    sel = select_rollouts(group, GRPOConfig(group_size=4, length_coef=0.2, length_scope="solved"))
+    adv = dict((r.sample, a) for r, a in sel.rows)
+    assert adv[0] > adv[1] > 0 > max(adv[2], adv[3])
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="length_scope"):
+        GRPOConfig(length_scope="failed")
+
+
 def test_length_coef_ranks_the_shorter_solution_above_the_longer_one() -> None:
     rs = [_solved(rollout(None, [1], [[3] * n], task="a", sample=i, reward=r), r > 0)
           for i, (n, r) in enumerate([(2, 1.0), (8, 1.0), (5, 0.0), (5, 0.0)])]
