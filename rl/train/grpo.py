@@ -185,6 +185,8 @@ class BatchSelection:
     # scored, in the group's baseline, but nothing sampled to train on (a limit hit before the first token)
     n_no_tokens: int = 0
     length_terms: list[float] = field(default_factory=list)  # the length term of every grouped rollout (length_coef > 0)
+    # per group with a solved and an unsolved rollout (length_coef > 0): is its longest rollout unsolved?
+    longest_failed: list[bool] = field(default_factory=list)
 
     @property
     def frac_reward_zero_std(self) -> float:
@@ -197,7 +199,9 @@ class BatchSelection:
                 "n_groups_too_small": self.n_groups_too_small,
                 "frac_reward_zero_std": self.frac_reward_zero_std, "n_no_tokens": self.n_no_tokens,
                 "n_trained": len(self.rows)} | (
-                    {"length_bonus_mean": sum(self.length_terms) / len(self.length_terms)} if self.length_terms else {})
+                    {"length_bonus_mean": sum(self.length_terms) / len(self.length_terms)} if self.length_terms else {}) | (
+                    {"length_longest_failed_share": sum(self.longest_failed) / len(self.longest_failed)}
+                    if self.longest_failed else {})
 
 
 def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelection:
@@ -225,6 +229,10 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
         rewards = [float(r.reward) for r in group]  # type: ignore[arg-type]
         if cfg.length_coef > 0:
             bonus = length_terms(group, cfg.length_coef, cfg.length_scope)
+            ok = [r.reward_terms.get("success", 0.0) >= 1.0 for r in group]
+            if any(ok) and not all(ok):
+                lengths = [sum(len(s.token_ids) for s in r.segments if s.sampled) for r in group]
+                sel.longest_failed.append(not ok[lengths.index(max(lengths))])
             rewards = [r + x for r, x in zip(rewards, bonus, strict=True)]
             sel.length_terms += bonus
         if max(rewards) - min(rewards) == 0.0:

@@ -74,6 +74,7 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("malformed calls per rollout, by kind", tuple(f"rollout_malformed_{k}" for k in MALFORMED_KINDS)),
     ("share of reinforced tokens in malformed calls", ("positive_malformed_token_frac",)),
     ("length term, mean over grouped rollouts (length_coef > 0)", ("length_bonus_mean",)),
+    ("share of mixed groups whose longest rollout failed (length_coef > 0)", ("length_longest_failed_share",)),
     ("held-out malformed calls per rollout, by kind", tuple(f"heldout_rollout_malformed_{k}" for k in MALFORMED_KINDS)),
     ("model calls per rollout", ("rollout_model_calls",)),
     ("share of rollouts ended by a limit", ("rollout_limit_max_steps", "rollout_limit_max_tokens",

@@ -403,6 +403,7 @@ def test_solved_length_scope_ranks_solutions_among_themselves_and_leaves_failure
     sel = select_rollouts(group, GRPOConfig(group_size=4, length_coef=0.2, length_scope="solved"))
     adv = dict((r.sample, a) for r, a in sel.rows)
     assert adv[0] > adv[1] > 0 > max(adv[2], adv[3])
+    assert sel.stats()["length_longest_failed_share"] == 1.0  # the 80-token failure is the longest
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="length_scope"):
@@ -418,6 +419,7 @@ def test_length_coef_ranks_the_shorter_solution_above_the_longer_one() -> None:
     adv = dict((r.sample, a) for r, a in sel.rows)
     assert adv[0] > adv[1] > 0 > max(adv[2], adv[3])  # shorter solution first; every solution above every failure
     assert sel.stats()["length_bonus_mean"] == pytest.approx((0.1 - 0.1 + 0 + 0) / 4)
+    assert sel.stats()["length_longest_failed_share"] == 0.0  # the 8-token solution is the longest here
     assert "length_bonus_mean" not in select_rollouts(rs, GRPOConfig(group_size=4)).stats()
 
 
