@@ -293,6 +293,7 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
                   "copy_min_distance": load_config(start["sft"]).copy_min_distance},
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
+                 "kl_estimator": args.kl_estimator,
                  "neg_adv_scale": args.neg_adv_scale, "lr_warmup_steps": args.lr_warmup_steps,
                  "no_reinforce_malformed": args.no_reinforce_malformed,
                  "malformed_call_adv": args.malformed_call_adv, "length_coef": args.length_coef,
@@ -423,6 +424,9 @@ def main() -> None:
     ap.add_argument("--max-draws", type=int, default=4, help="grpo.max_draws")
     ap.add_argument("--kl-coef", type=float, default=0.0,
                     help="grpo.kl_coef: k3 KL to the start's policy (default 0: none, as DAPO/Dr. GRPO)")
+    ap.add_argument("--kl-estimator", choices=("k3", "k2"), default="k3",
+                    help="grpo.kl_estimator: the KL term's per-token estimator (default k3; k2: 0.5 * log-ratio^2, "
+                         "whose gradient is linear in how far a token fell below the start)")
     ap.add_argument("--lr-warmup-steps", type=int, default=0,
                     help="grpo.lr_warmup_steps: linear warmup over the first N optimizer steps (default 0: none)")
     ap.add_argument("--neg-adv-scale", type=float, default=1.0,
@@ -573,6 +577,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "dynamic_sampling": args.dynamic_sampling,
                                                                  "max_draws": args.max_draws,
                                                                  "kl_coef": args.kl_coef,
+                                                                 "kl_estimator": args.kl_estimator,
                                                                  "neg_adv_scale": args.neg_adv_scale,
                                                                  "lr_warmup_steps": args.lr_warmup_steps,
                                                                  "no_reinforce_malformed":

@@ -67,6 +67,9 @@ class GRPOConfig(_Section):
     # "solved" (the group's solved rollouts only; failures keep Kimi's term); see rl.train.grpo "Length term"
     length_scope: Literal["group", "solved"] = "group"
     kl_coef: float = Field(0.0, ge=0.0)  # k3 KL to the initial policy; 0 = no reference model (default)
+    # the KL term's per-token estimator: "k3" (GRPO, DeepSeekMath) or "k2" (0.5 * log-ratio^2, verl's "mse"),
+    # whose gradient grows linearly, not exponentially, in how far a token has fallen; see rl.train.grpo
+    kl_estimator: Literal["k3", "k2"] = "k3"
     aux_loss_coef: float = Field(0.01, ge=0.0)  # MoE load-balancing term (replaces the checkpoint's coefficient)
     norm_tokens: int = Field(1024, ge=1)  # Dr. GRPO's constant: loss = sum over tokens / (rows * norm_tokens)
     compact_filtering: bool = False  # DeepSWE: drop rollouts that hit a limit from the loss

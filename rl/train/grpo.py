@@ -102,7 +102,14 @@ also noted where it happens below):
 * **Clip-high** (DAPO): ``eps_high`` (0.28) > ``eps_low`` (0.2), so
   low-probability tokens with positive advantage can grow.
 * **No KL term** by default (DAPO, Dr. GRPO, DeepSWE). ``kl_coef > 0`` adds
-  the k3 estimator to a frozen copy of the initial weights.
+  the k3 estimator to a frozen copy of the initial weights. ``kl_estimator="k2"``
+  uses ``0.5 * (log pi_ref - log pi_theta)^2`` instead (verl's ``"mse"``). Why it is
+  there: k3's gradient in a token's logprob is ``1 - pi_ref / pi_theta``, exponential
+  in how far the token has fallen below the start; our twenty-third run measured single
+  tokens 8-9 nats below the start inside one update (``kl_ref_token_max`` ~8,000,
+  ``policy_move_max`` ~8), whose k3 gradient then set the whole clipped step
+  (``grad_norm`` 19 against a usual 0.03). k2's gradient is the log-ratio itself. Both
+  are reported as ``kl_ref`` in their own units (k2 is not an unbiased KL estimate).
 * **Aggregation** — Dr. GRPO's constant normaliser: the token sum over the
   batch divided by ``n_rows * norm_tokens`` (``n_rows``: rollouts trained on
   in this update, ``norm_tokens``: a config constant, default 1024, the
@@ -144,8 +151,8 @@ if TYPE_CHECKING:
     from agent.model.transformer import MoETransformer
     from rl.config import GRPOConfig
 
-__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages", "length_terms",
-           "malformed_call_segments", "policy_loss", "select_rollouts", "token_advantages", "token_tensors"]
+__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages", "kl_estimate",
+           "length_terms", "malformed_call_segments", "policy_loss", "select_rollouts", "token_advantages", "token_tensors"]
 
 
 class RoutingReplayUnavailable(RuntimeError):
@@ -245,6 +252,19 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
             else:  # its reward still counts in the baseline above; it has no token to take a gradient on
                 sel.n_no_tokens += 1
     return sel
+
+
+def kl_estimate(log_r: torch.Tensor, estimator: Literal["k3", "k2"]) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from ``log_r = log pi_ref - log pi_theta`` of
+    tokens sampled from (about) ``pi_theta``: ``"k3"`` ``exp(log_r) - log_r - 1`` (unbiased, its
+    gradient exponential in ``log_r``) or ``"k2"`` ``0.5 * log_r ** 2`` (biased, gradient linear)."""
+    import torch
+
+    if estimator == "k3":
+        return torch.exp(log_r) - log_r - 1
+    if estimator == "k2":
+        return 0.5 * log_r ** 2
+    raise ValueError(f"unknown KL estimator {estimator!r}: 'k3' or 'k2'")
 
 
 def length_terms(group: Sequence[Rollout], coef: float, scope: Literal["group", "solved"] = "group") -> list[float]:
@@ -488,11 +508,11 @@ class GRPOTrainer:
                         ref_lp = _token_logprobs(self._forward(self.reference, b).logits / self.temperature,
                                                  b["input_ids"])
                     log_r = ref_lp - new_lp
-                    k3 = (torch.exp(log_r) - log_r - 1) * b["mask"]
-                    kl_sum = k3.sum()
+                    kl_tok = kl_estimate(log_r, cfg.kl_estimator) * b["mask"]
+                    kl_sum = kl_tok.sum()
                     total = total + cfg.kl_coef * kl_sum / normaliser
                     acc["kl_ref_sum"] += float(kl_sum.detach())
-                    acc["kl_ref_token_max"] = max(acc["kl_ref_token_max"], float(k3.detach().max()))
+                    acc["kl_ref_token_max"] = max(acc["kl_ref_token_max"], float(kl_tok.detach().max()))
                 total.backward()
                 mask = b["mask"]
                 with torch.no_grad():

@@ -12,6 +12,7 @@ from rl.train.grpo import (
     GRPOTrainer,
     RoutingReplayUnavailable,
     group_advantages,
+    kl_estimate,
     length_terms,
     malformed_call_segments,
     policy_loss,
@@ -206,6 +207,26 @@ def test_kl_term_is_zero_at_the_start_and_grows_per_token_after_a_step() -> None
     # the mean is over tokens, the max is one token's: at least the mean, at most the sum
     assert second["kl_ref"] <= second["kl_ref_token_max"] <= second["kl_ref"] * second["policy_tokens"]
     assert "kl_ref" not in GRPOTrainer(tiny_model(), GRPOConfig(), pad_id=0, lr=1e-3).step(rs)
+
+
+def test_k2_kl_pulls_a_fallen_token_back_linearly_where_k3_pulls_exponentially() -> None:
+    ref = torch.tensor([-1.0, -1.0, -1.0])
+    new = torch.tensor([-1.0, -2.0, -10.0], requires_grad=True)  # a token 0, 1 and 9 nats below the start
+    grads = {}
+    for est in ("k3", "k2"):
+        (g,) = torch.autograd.grad(kl_estimate(ref - new, est).sum(), new)
+        grads[est] = g
+    assert grads["k3"] == pytest.approx([0.0, 1 - math.e, 1 - math.exp(9)], rel=1e-5)
+    assert grads["k2"] == pytest.approx([0.0, -1.0, -9.0], rel=1e-5)  # gradient = -(log ref - log new)
+    assert float(kl_estimate(torch.tensor([0.0]), "k2")) == 0.0
+    with pytest.raises(ValueError, match="k4"):
+        kl_estimate(ref, "k4")  # type: ignore[arg-type]
+    model = tiny_model()
+    rs = [rollout(model, [1, 2], [[3 + i, 4, 9]], sample=i, reward=float(i % 2)) for i in range(4)]
+    trainer = GRPOTrainer(model, GRPOConfig(kl_coef=0.1, kl_estimator="k2", norm_tokens=4), pad_id=0, lr=5e-2)
+    assert trainer.step(rs)["kl_ref"] == pytest.approx(0.0, abs=1e-9)
+    rs = [rollout(model, [1, 2], [[3 + i, 4, 9]], sample=i, reward=float(i % 2)) for i in range(4)]
+    assert trainer.step(rs)["kl_ref"] > 0.0
 
 
 def test_warmup_ramps_the_first_steps_and_resumes_from_the_optimizer_state() -> None:
