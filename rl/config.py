@@ -23,8 +23,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["ConfigError", "EvalConfig", "GRPOConfig", "LimitsConfig", "ModelSection", "RolloutConfig", "RunConfig",
-           "SFTConfig", "load_run_config"]
+__all__ = ["ConfigError", "EvalConfig", "GRPOConfig", "KLEstimator", "LengthScope", "LimitsConfig", "ModelSection",
+           "RolloutConfig", "RunConfig", "SFTConfig", "load_run_config"]
+
+# grpo.length_scope: whose lengths rank a solved rollout (rl.train.grpo "Length term")
+LengthScope = Literal["group", "solved"]
+# grpo.kl_estimator: the KL term's per-token estimator (rl.train.grpo "No KL term")
+KLEstimator = Literal["k3", "k2"]
 
 
 class ConfigError(ValueError):
@@ -65,11 +70,11 @@ class GRPOConfig(_Section):
     length_coef: float = Field(0.0, ge=0.0, le=0.2)
     # whose lengths set a solved rollout's length term: "group" (Kimi: every rollout of the group) or
     # "solved" (the group's solved rollouts only; failures keep Kimi's term); see rl.train.grpo "Length term"
-    length_scope: Literal["group", "solved"] = "group"
+    length_scope: LengthScope = "group"
     kl_coef: float = Field(0.0, ge=0.0)  # k3 KL to the initial policy; 0 = no reference model (default)
     # the KL term's per-token estimator: "k3" (GRPO, DeepSeekMath) or "k2" (0.5 * log-ratio^2, verl's "mse"),
     # whose gradient grows linearly, not exponentially, in how far a token has fallen; see rl.train.grpo
-    kl_estimator: Literal["k3", "k2"] = "k3"
+    kl_estimator: KLEstimator = "k3"
     aux_loss_coef: float = Field(0.01, ge=0.0)  # MoE load-balancing term (replaces the checkpoint's coefficient)
     norm_tokens: int = Field(1024, ge=1)  # Dr. GRPO's constant: loss = sum over tokens / (rows * norm_tokens)
     compact_filtering: bool = False  # DeepSWE: drop rollouts that hit a limit from the loss

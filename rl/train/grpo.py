@@ -141,7 +141,7 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from rl.types import Rollout, RolloutStatus
 
@@ -149,10 +149,11 @@ if TYPE_CHECKING:
     import torch
 
     from agent.model.transformer import MoETransformer
-    from rl.config import GRPOConfig
+    from rl.config import GRPOConfig, KLEstimator, LengthScope
 
 __all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages", "kl_estimate",
-           "length_terms", "malformed_call_segments", "policy_loss", "select_rollouts", "token_advantages", "token_tensors"]
+           "length_terms", "malformed_call_segments", "policy_loss", "select_rollouts", "token_advantages",
+           "token_tensors"]
 
 
 class RoutingReplayUnavailable(RuntimeError):
@@ -191,7 +192,8 @@ class BatchSelection:
     n_groups_too_small: int = 0  # fewer than 2 usable rollouts left: no baseline
     # scored, in the group's baseline, but nothing sampled to train on (a limit hit before the first token)
     n_no_tokens: int = 0
-    length_terms: list[float] = field(default_factory=list)  # the length term of every grouped rollout (length_coef > 0)
+    # the length term of every grouped rollout (length_coef > 0)
+    length_terms: list[float] = field(default_factory=list)
     # per group with a solved and an unsolved rollout (length_coef > 0): is its longest rollout unsolved?
     longest_failed: list[bool] = field(default_factory=list)
 
@@ -206,7 +208,8 @@ class BatchSelection:
                 "n_groups_too_small": self.n_groups_too_small,
                 "frac_reward_zero_std": self.frac_reward_zero_std, "n_no_tokens": self.n_no_tokens,
                 "n_trained": len(self.rows)} | (
-                    {"length_bonus_mean": sum(self.length_terms) / len(self.length_terms)} if self.length_terms else {}) | (
+                    {"length_bonus_mean": sum(self.length_terms) / len(self.length_terms)}
+                    if self.length_terms else {}) | (
                     {"length_longest_failed_share": sum(self.longest_failed) / len(self.longest_failed)}
                     if self.longest_failed else {})
 
@@ -236,9 +239,9 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
         rewards = [float(r.reward) for r in group]  # type: ignore[arg-type]
         if cfg.length_coef > 0:
             bonus = length_terms(group, cfg.length_coef, cfg.length_scope)
-            ok = [r.reward_terms.get("success", 0.0) >= 1.0 for r in group]
+            ok = [_solved(r) for r in group]
             if any(ok) and not all(ok):
-                lengths = [sum(len(s.token_ids) for s in r.segments if s.sampled) for r in group]
+                lengths = [_sampled_tokens(r) for r in group]
                 sel.longest_failed.append(not ok[lengths.index(max(lengths))])
             rewards = [r + x for r, x in zip(rewards, bonus, strict=True)]
             sel.length_terms += bonus
@@ -254,7 +257,17 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
     return sel
 
 
-def kl_estimate(log_r: torch.Tensor, estimator: Literal["k3", "k2"]) -> torch.Tensor:
+def _sampled_tokens(r: Rollout) -> int:
+    """How many tokens the policy sampled in ``r`` (its length for the length term)."""
+    return sum(len(s.token_ids) for s in r.segments if s.sampled)
+
+
+def _solved(r: Rollout) -> bool:
+    """Whether ``r`` solved its task (reward term ``success`` 1; without that term: unsolved)."""
+    return r.reward_terms.get("success", 0.0) >= 1.0
+
+
+def kl_estimate(log_r: torch.Tensor, estimator: KLEstimator) -> torch.Tensor:
     """Per-token estimate of KL(pi_theta || pi_ref) from ``log_r = log pi_ref - log pi_theta`` of
     tokens sampled from (about) ``pi_theta``: ``"k3"`` ``exp(log_r) - log_r - 1`` (unbiased, its
     gradient exponential in ``log_r``) or ``"k2"`` ``0.5 * log_r ** 2`` (biased, gradient linear)."""
@@ -267,7 +280,7 @@ def kl_estimate(log_r: torch.Tensor, estimator: Literal["k3", "k2"]) -> torch.Te
     raise ValueError(f"unknown KL estimator {estimator!r}: 'k3' or 'k2'")
 
 
-def length_terms(group: Sequence[Rollout], coef: float, scope: Literal["group", "solved"] = "group") -> list[float]:
+def length_terms(group: Sequence[Rollout], coef: float, scope: LengthScope = "group") -> list[float]:
     """Kimi k1.5's group-relative length reward of each rollout of one group, times ``coef`` (see
     "Length term" in the module docstring): ``coef * lam`` for a solved rollout (reward term
     ``success`` 1; a rollout without that term counts as unsolved), ``coef * min(0, lam)`` for an
@@ -275,8 +288,8 @@ def length_terms(group: Sequence[Rollout], coef: float, scope: Literal["group", 
     sampled a token sampled as many; a rollout that sampled none gets 0 and does not set the
     group's shortest length. ``scope="solved"``: a solved rollout's ``lam`` is taken over the
     group's solved rollouts' lengths (0 when they are all one length); an unsolved one's as before."""
-    lengths = [sum(len(s.token_ids) for s in r.segments if s.sampled) for r in group]
-    solved = [r.reward_terms.get("success", 0.0) >= 1.0 for r in group]
+    lengths = [_sampled_tokens(r) for r in group]
+    solved = [_solved(r) for r in group]
     counted = [n for n in lengths if n > 0]
     if not any(solved) or not counted or min(counted) == max(counted):
         return [0.0] * len(group)
@@ -598,7 +611,7 @@ def _malformed_credit(rows: Sequence[tuple[Rollout, float]], *, mask_positive: b
             segs = set()
         bad_segs.append(segs)
         if adv > 0:
-            pos_tokens += sum(len(s.token_ids) for s in r.segments if s.sampled)
+            pos_tokens += _sampled_tokens(r)
             bad = sum(len(r.segments[k].token_ids) for k in segs)
             pos_bad += bad
             if mask_positive:
