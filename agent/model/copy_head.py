@@ -128,6 +128,13 @@ class CopyHead(nn.Module):
         last one's successor is unknown and it must not be allowed) are the positions a query may
         point at; ``allowed [B, T, N]`` says which (``j <= t - copy_min_distance`` in absolute
         positions)."""
+        return self.mixture(h, lm_logits, keys, key_ids, query_ids, allowed)[0]
+
+    def mixture(self, h: torch.Tensor, lm_logits: torch.Tensor, keys: torch.Tensor, key_ids: torch.Tensor,
+                query_ids: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward`'s ``log p`` and its LM side ``log(g · softmax(lm_logits)) [B, T, V]``
+        (``exp(lm side) / p`` is the share of a token's probability the LM head gives; the rest
+        is the pointer's). Same arguments as :meth:`forward`."""
         q = self.wq(h.float())
         scale = 1.0 / math.sqrt(self.dim)
         k, k_twin = keys.split(self.dim, dim=-1)
@@ -147,4 +154,4 @@ class CopyHead(nn.Module):
         p_copy = torch.zeros(b, t, lm_logits.shape[-1], dtype=point.dtype, device=point.device)
         p_copy.scatter_add_(2, torch.cat([successors, twins], dim=1)[:, None, :].expand(b, t, n), point)
         lm = torch.log_softmax(lm_logits.float(), dim=-1) + gate.clamp_min(_TINY).log()
-        return torch.logaddexp(lm, p_copy.clamp_min(_TINY).log())
+        return torch.logaddexp(lm, p_copy.clamp_min(_TINY).log()), lm

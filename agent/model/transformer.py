@@ -80,6 +80,9 @@ class ModelOutput:
     aux_loss: torch.Tensor  # scalar: aux_loss_coef × mean over layers of E·Σ f_i P_i; 0 when the coefficient is 0
     expert_counts: torch.Tensor  # [n_layers, n_experts] tokens routed (long)
     routes: torch.Tensor | None = None  # [B, T, n_moe_layers, top_k] expert ids (long), with return_routes=True
+    # with cfg.copy_head: the LM head's part of ``logits``, log(g · softmax(lm_logits)) [B, T, V]
+    # (agent.model.copy_head.CopyHead.mixture); None without a copy head
+    lm_side: torch.Tensor | None = None
 
 
 def rope_tables(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,33 +240,36 @@ class MoETransformer(nn.Module):
                 used.append(moe.experts)
             h = self.norm(x)
             logits = self.lm_head(h).float()
+        lm_side = None
         if self.copy is not None:
-            logits = self._copy_mix(h, logits, input_ids, cache, slots, pos)
+            logits, lm_side = self._copy_mix(h, logits, input_ids, cache, slots, pos)
         if cache is not None:
             cache.lengths[slots] += t
         coef = self.cfg.aux_loss_coef
         aux_loss = coef * torch.stack(aux).mean() if coef > 0 else torch.zeros((), device=device)
         out_routes = torch.stack(used, dim=2) if return_routes else None
-        return ModelOutput(logits=logits, aux_loss=aux_loss, expert_counts=torch.stack(counts), routes=out_routes)
+        return ModelOutput(logits=logits, aux_loss=aux_loss, expert_counts=torch.stack(counts), routes=out_routes,
+                           lm_side=lm_side)
 
     def _copy_mix(self, h: torch.Tensor, logits: torch.Tensor, input_ids: torch.Tensor, cache: KVCache | None,
-                  slots: torch.Tensor | None, pos: torch.Tensor | None) -> torch.Tensor:
-        """The copy head's mixture (``agent.model.copy_head``) as log-probabilities; with a cache the
-        rows' keys and ids are stored first, so a query sees every earlier position of its slot."""
+                  slots: torch.Tensor | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The copy head's mixture (``agent.model.copy_head``) as log-probabilities, and its LM side;
+        with a cache the rows' keys and ids are stored first, so a query sees every earlier position
+        of its slot."""
         assert self.copy is not None
         keys = self.copy.keys(h)
         gap = self.cfg.copy_min_distance
         if cache is None:
             b, t = input_ids.shape
             allowed = torch.ones(t, t, dtype=torch.bool, device=h.device).tril(-gap)[None].expand(b, t, t)
-            return self.copy(h, logits, keys, input_ids, input_ids, allowed)
+            return self.copy.mixture(h, logits, keys, input_ids, input_ids, allowed)
         assert slots is not None and pos is not None and cache.copy_keys is not None and cache.ids is not None
         cache.copy_keys[slots[:, None], pos] = keys
         cache.ids[slots[:, None], pos] = input_ids.to(cache.ids.device)
         n = int(pos[:, -1].max()) + 1
         all_keys, ids = cache.copy_keys[slots, :n], cache.ids[slots, :n]
         allowed = torch.arange(n, device=h.device)[None, None, :] <= pos[:, :, None] - gap
-        return self.copy(h, logits, all_keys, ids, input_ids, allowed)
+        return self.copy.mixture(h, logits, all_keys, ids, input_ids, allowed)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -110,6 +110,13 @@ also noted where it happens below):
   ``policy_move_max`` ~8), whose k3 gradient then set the whole clipped step
   (``grad_norm`` 19 against a usual 0.03). k2's gradient is the log-ratio itself. Both
   are reported as ``kl_ref`` in their own units (k2 is not an unbiased KL estimate).
+* **Which tokens move** (measurement only, a model with a copy head): per update,
+  ``moved_tokens`` (sampled tokens whose logprob one update shifted by more than
+  :data:`MOVED_NATS`), ``moved_copy_share`` (the pointer's share of those tokens'
+  probability before the update, :func:`copy_share`) against ``copy_share`` (the same
+  over all policy tokens), and the largest mover's signed shift, row advantage and
+  pointer share (``policy_move_max_*``). A pointer share near 1 means the token was
+  copied, so its probability hangs on which earlier position the pointer picks.
 * **Aggregation** — Dr. GRPO's constant normaliser: the token sum over the
   batch divided by ``n_rows * norm_tokens`` (``n_rows``: rollouts trained on
   in this update, ``norm_tokens``: a config constant, default 1024, the
@@ -145,13 +152,17 @@ from typing import TYPE_CHECKING, Any
 
 from rl.types import Rollout, RolloutStatus
 
+MOVED_NATS = 3.0
+"""A sampled token counts as *moved* (metric ``moved_tokens``) when one update has shifted its
+logprob by more than this many nats (a factor of ~20 in probability)."""
+
 if TYPE_CHECKING:
     import torch
 
-    from agent.model.transformer import MoETransformer
+    from agent.model.transformer import ModelOutput, MoETransformer
     from rl.config import GRPOConfig, KLEstimator, LengthScope
 
-__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "group_advantages", "kl_estimate",
+__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "copy_share", "group_advantages", "kl_estimate",
            "length_terms", "malformed_call_segments", "policy_loss", "select_rollouts", "token_advantages",
            "token_tensors"]
 
@@ -495,10 +506,13 @@ class GRPOTrainer:
                                             cfg.malformed_call_adv, b["mask"].shape[1])
             batches.append(b)
         old: list[torch.Tensor | None] = [None] * len(batches)
+        old_copy: list[torch.Tensor | None] = [None] * len(batches)  # copy share under pi_old
         if cfg.minibatches > 1:  # off-policy after the first optimizer step: pi_old needs its own forward
             with torch.no_grad():
-                old = [_token_logprobs(self._forward(model, b).logits / self.temperature, b["input_ids"])
-                       for b in batches]
+                for j, b in enumerate(batches):
+                    o = self._forward(model, b)
+                    old[j] = _token_logprobs(o.logits / self.temperature, b["input_ids"])
+                    old_copy[j] = copy_share(o, b["input_ids"])
         acc: dict[str, float] = defaultdict(float)
         n_tok = float(sum(b["mask"].sum() for b in batches))
         counts = None
@@ -538,8 +552,21 @@ class GRPOTrainer:
                     acc["abs_delta_sum"] += float(delta.abs().sum())
                     acc["max_abs_delta"] = max(acc["max_abs_delta"], float(delta.abs().max()))
                     # how far this update has already moved a sampled token's logprob (0 in the first minibatch)
-                    moved = torch.where(mask > 0, (new_lp.detach() - old_lp).abs(), 0.0)
-                    acc["policy_move_max"] = max(acc["policy_move_max"], float(moved.max()))
+                    signed = torch.where(mask > 0, new_lp.detach() - old_lp, 0.0)
+                    moved = signed.abs()
+                    cs = old_copy[j] if old_copy[j] is not None else copy_share(out, b["input_ids"])
+                    top = int(moved.argmax())
+                    if float(moved.flatten()[top]) > acc["policy_move_max"]:
+                        row, col = divmod(top, moved.shape[1])
+                        adv = b["adv"][row] if b["adv"].dim() == 1 else b["adv"][row, col]
+                        acc |= {"policy_move_max": float(moved[row, col]), "policy_move_max_signed":
+                                float(signed[row, col]), "policy_move_max_adv": float(adv),
+                                "policy_move_max_copy_share": float(cs[row, col]) if cs is not None else 0.0}
+                    if cs is not None:
+                        far = (moved > MOVED_NATS).float()
+                        acc["copy_share_sum"] += float((cs * mask).sum())
+                        acc["moved_tokens"] += float(far.sum())
+                        acc["moved_copy_share_sum"] += float((cs * far).sum())
                     acc["kl_sampler_sum"] += float(((r - 1 + delta) * mask).sum())  # k3 of KL(sampler||trainer)
                     acc["loss"] += float(loss.detach())
                     acc["aux_loss"] += share * float(out.aux_loss.detach())
@@ -563,9 +590,17 @@ class GRPOTrainer:
             "tis_clipped_frac": acc["tis_clipped"] / max(n_tok, 1.0),
             "tis_weight_mean": acc["tis_weight_sum"] / max(n_tok, 1.0),
             "ppo_clipped_frac": acc["ppo_clipped"] / max(n_tok, 1.0),
-            "policy_move_max": acc["policy_move_max"],
+            "policy_move_max": acc["policy_move_max"], "policy_move_max_signed": acc["policy_move_max_signed"],
+            "policy_move_max_adv": acc["policy_move_max_adv"],
             "expert_balance": expert_balance(counts) if counts is not None else 1.0,
         }
+        if model.copy is not None:
+            # which tokens move: the pointer's share of their probability before the update, against
+            # that share over all policy tokens (the base rate)
+            metrics |= {"copy_share": acc["copy_share_sum"] / max(n_tok, 1.0), "moved_tokens": acc["moved_tokens"],
+                        "policy_move_max_copy_share": acc["policy_move_max_copy_share"]}
+            if acc["moved_tokens"]:
+                metrics["moved_copy_share"] = acc["moved_copy_share_sum"] / acc["moved_tokens"]
         if self.reference is not None:
             # per policy token (the loss term is this times policy_tokens / (rows * norm_tokens))
             metrics["kl_ref"] = acc["kl_ref_sum"] / max(n_tok, 1.0)
@@ -621,6 +656,20 @@ def _malformed_credit(rows: Sequence[tuple[Rollout, float]], *, mask_positive: b
         drop.append(set())
     return bad_segs, drop, {"positive_malformed_token_frac": pos_bad / pos_tokens if pos_tokens else 0.0,
                   "malformed_tokens_unreinforced": float(masked), "n_credit_unaligned": float(unaligned)}
+
+
+def copy_share(out: ModelOutput, input_ids: torch.Tensor) -> torch.Tensor | None:
+    """``[B, T-1]``: the share of each next token's probability that the copy head's pointer gives
+    (1 - the LM side's share, ``agent.model.copy_head``), at temperature 1; None for a model
+    without a copy head. Not a gradient path (callers use it under ``no_grad``)."""
+    import torch
+
+    if out.lm_side is None:
+        return None
+    ids = input_ids[:, 1:, None]
+    mix = out.logits[:, :-1].gather(-1, ids).squeeze(-1)
+    lm = out.lm_side[:, :-1].gather(-1, ids).squeeze(-1)
+    return (1.0 - torch.exp(lm - mix)).clamp(0.0, 1.0)
 
 
 def _token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:

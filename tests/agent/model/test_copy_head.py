@@ -5,6 +5,7 @@ which the same small model without it does not learn in the same steps."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,25 @@ def test_the_mixture_is_a_normalised_distribution() -> None:
     torch.testing.assert_close(logp.exp().sum(-1), torch.ones(3, 40), rtol=0, atol=1e-5)
     lp = _model().logprobs(ids)
     assert torch.isfinite(lp).all() and (lp <= 0).all()
+
+
+def test_the_lm_side_is_the_mixture_minus_the_pointer_and_absent_without_a_head() -> None:
+    from dataclasses import replace
+
+    ids = torch.randint(0, CFG.vocab_size, (2, 40))
+    with torch.no_grad():
+        out = _model()(ids)
+        plain = _model(cfg=replace(CFG, copy_head=False))(ids)
+    assert out.lm_side is not None and plain.lm_side is None
+    # p = g·p_lm + p_copy: the LM side is never above the mixture, and where nothing may be pointed
+    # at (the first min_distance positions) it is the whole of it
+    assert bool((out.lm_side <= out.logits + 1e-5).all())
+    torch.testing.assert_close(out.lm_side[:, 0], out.logits[:, 0])
+    # the LM side sums to the gate g: at init at least half the mass (the sentinel's bias), and the
+    # pointer holds the rest, which is real once there is something to point at
+    gate = torch.logsumexp(out.lm_side, dim=-1)
+    assert bool((gate >= math.log(0.5) - 1e-5).all()) and bool((gate <= 1e-5).all())
+    assert float(gate[:, 10:].max()) < -1e-3
 
 
 def test_adding_a_head_keeps_the_weights_and_most_of_the_lm_distribution() -> None:

@@ -10,6 +10,7 @@ import torch
 from rl.config import GRPOConfig
 from rl.train.grpo import (
     GRPOTrainer,
+    copy_share,
     RoutingReplayUnavailable,
     group_advantages,
     kl_estimate,
@@ -259,6 +260,37 @@ def test_minibatches_compute_old_logprobs_and_train() -> None:
     assert m["policy_move_max"] > 0.0
     one = GRPOTrainer(tiny_model(), GRPOConfig(minibatches=1), pad_id=0, lr=1e-2).step(rs)
     assert one["policy_move_max"] == 0.0  # one optimizer step: nothing is scored after it
+
+
+def test_an_update_reports_which_tokens_moved_and_how_much_of_them_the_pointer_gave() -> None:
+    model = tiny_model(copy_head=True)
+    # prompts that repeat, so the pointer has something to point at
+    rs = [rollout(model, [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8, 9], [[10, 11, 12, 3 + i]], sample=i,
+                  reward=float(i % 2)) for i in range(4)]
+    m = GRPOTrainer(model, GRPOConfig(minibatches=2, micro_batch=1), pad_id=0, lr=5e-2).step(rs)
+    assert 0.0 < m["copy_share"] < 1.0 and 0.0 <= m["policy_move_max_copy_share"] <= 1.0
+    assert abs(m["policy_move_max_signed"]) == pytest.approx(m["policy_move_max"]) and m["policy_move_max"] > 0
+    advs = group_advantages([0.0, 1.0, 0.0, 1.0])
+    assert any(m["policy_move_max_adv"] == pytest.approx(a) for a in advs)  # the moved token's row's
+    assert m["moved_tokens"] >= 0 and ("moved_copy_share" in m) == (m["moved_tokens"] > 0)
+    plain = GRPOTrainer(tiny_model(), GRPOConfig(minibatches=2, micro_batch=1), pad_id=0, lr=5e-2).step(
+        [rollout(tiny_model(), [1, 2], [[3 + i, 4]], sample=i, reward=float(i % 2)) for i in range(4)])
+    assert "copy_share" not in plain and "moved_tokens" not in plain  # no pointer: nothing to attribute
+
+
+def test_copy_share_is_one_minus_the_lm_sides_share_of_the_sampled_token() -> None:
+    model = tiny_model(copy_head=True)
+    ids = torch.tensor([[7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8, 9, 10]])
+    with torch.no_grad():
+        out = model(ids)
+    cs = copy_share(out, ids)
+    assert cs is not None and cs.shape == (1, 12)
+    p = out.logits[0, :-1].exp().gather(-1, ids[0, 1:, None]).squeeze(-1)
+    p_lm = out.lm_side[0, :-1].exp().gather(-1, ids[0, 1:, None]).squeeze(-1)  # type: ignore[union-attr]
+    torch.testing.assert_close(cs[0], 1 - p_lm / p)
+    assert float(cs[0, :8].abs().max()) < 1e-6  # nothing to point at that far back: all the LM head's
+    with torch.no_grad():
+        assert copy_share(tiny_model()(ids), ids) is None
 
 
 def test_too_long_rollout_is_an_error_naming_it() -> None:
