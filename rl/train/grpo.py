@@ -114,8 +114,8 @@ also noted where it happens below):
   ``moved_tokens`` (sampled tokens whose logprob one update shifted by more than
   :data:`MOVED_NATS`), ``moved_copy_share`` (the pointer's share of those tokens'
   probability before the update, :func:`copy_share`) against ``copy_share`` (the same
-  over all policy tokens), and the largest mover's signed shift, row advantage and
-  pointer share (``policy_move_max_*``). A pointer share near 1 means the token was
+  over all policy tokens), and the largest mover's signed shift, row advantage, logprob
+  before the update (at the training temperature) and pointer share (``policy_move_max_*``). A pointer share near 1 means the token was
   copied, so its probability hangs on which earlier position the pointer picks.
 * **Aggregation** — Dr. GRPO's constant normaliser: the token sum over the
   batch divided by ``n_rows * norm_tokens`` (``n_rows``: rollouts trained on
@@ -561,6 +561,7 @@ class GRPOTrainer:
                         adv = b["adv"][row] if b["adv"].dim() == 1 else b["adv"][row, col]
                         acc |= {"policy_move_max": float(moved[row, col]), "policy_move_max_signed":
                                 float(signed[row, col]), "policy_move_max_adv": float(adv),
+                                "policy_move_max_old_logprob": float(old_lp[row, col]),
                                 "policy_move_max_copy_share": float(cs[row, col]) if cs is not None else 0.0}
                     if cs is not None:
                         far = (moved > MOVED_NATS).float()
@@ -591,7 +592,8 @@ class GRPOTrainer:
             "tis_weight_mean": acc["tis_weight_sum"] / max(n_tok, 1.0),
             "ppo_clipped_frac": acc["ppo_clipped"] / max(n_tok, 1.0),
             "policy_move_max": acc["policy_move_max"], "policy_move_max_signed": acc["policy_move_max_signed"],
-            "policy_move_max_adv": acc["policy_move_max_adv"],
+            "policy_move_max_adv": acc["policy_move_max_adv"], "policy_move_max_old_logprob":
+            acc["policy_move_max_old_logprob"],
             "expert_balance": expert_balance(counts) if counts is not None else 1.0,
         }
         if model.copy is not None:

@@ -272,6 +272,7 @@ def test_an_update_reports_which_tokens_moved_and_how_much_of_them_the_pointer_g
     assert abs(m["policy_move_max_signed"]) == pytest.approx(m["policy_move_max"]) and m["policy_move_max"] > 0
     advs = group_advantages([0.0, 1.0, 0.0, 1.0])
     assert any(m["policy_move_max_adv"] == pytest.approx(a) for a in advs)  # the moved token's row's
+    assert m["policy_move_max_old_logprob"] < 0.0
     assert m["moved_tokens"] >= 0 and ("moved_copy_share" in m) == (m["moved_tokens"] > 0)
     plain = GRPOTrainer(tiny_model(), GRPOConfig(minibatches=2, micro_batch=1), pad_id=0, lr=5e-2).step(
         [rollout(tiny_model(), [1, 2], [[3 + i, 4]], sample=i, reward=float(i % 2)) for i in range(4)])
