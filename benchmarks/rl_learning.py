@@ -293,7 +293,7 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
                   "copy_min_distance": load_config(start["sft"]).copy_min_distance},
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
-                 "kl_estimator": args.kl_estimator,
+                 "kl_estimator": args.kl_estimator, "routing_replay": args.routing_replay,
                  "neg_adv_scale": args.neg_adv_scale, "lr_warmup_steps": args.lr_warmup_steps,
                  "no_reinforce_malformed": args.no_reinforce_malformed,
                  "malformed_call_adv": args.malformed_call_adv, "length_coef": args.length_coef,
@@ -427,6 +427,9 @@ def main() -> None:
     ap.add_argument("--kl-estimator", choices=("k3", "k2"), default="k3",
                     help="grpo.kl_estimator: the KL term's per-token estimator (default k3; k2: 0.5 * log-ratio^2, "
                          "whose gradient is linear in how far a token fell below the start)")
+    ap.add_argument("--routing-replay", action="store_true",
+                    help="grpo.routing_replay: train with the experts the sampler chose (recorded per token), so "
+                         "no token's experts switch inside an update")
     ap.add_argument("--lr-warmup-steps", type=int, default=0,
                     help="grpo.lr_warmup_steps: linear warmup over the first N optimizer steps (default 0: none)")
     ap.add_argument("--neg-adv-scale", type=float, default=1.0,
@@ -577,7 +580,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "dynamic_sampling": args.dynamic_sampling,
                                                                  "max_draws": args.max_draws,
                                                                  "kl_coef": args.kl_coef,
-                                                                 "kl_estimator": args.kl_estimator,
+                                                                 "kl_estimator": args.kl_estimator, "routing_replay": args.routing_replay,
                                                                  "neg_adv_scale": args.neg_adv_scale,
                                                                  "lr_warmup_steps": args.lr_warmup_steps,
                                                                  "no_reinforce_malformed":

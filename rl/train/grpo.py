@@ -115,8 +115,13 @@ also noted where it happens below):
   :data:`MOVED_NATS`), ``moved_copy_share`` (the pointer's share of those tokens'
   probability before the update, :func:`copy_share`) against ``copy_share`` (the same
   over all policy tokens), and the largest mover's signed shift, row advantage, logprob
-  before the update (at the training temperature) and pointer share (``policy_move_max_*``). A pointer share near 1 means the token was
-  copied, so its probability hangs on which earlier position the pointer picks.
+  before the update (at the training temperature) and pointer share
+  (``policy_move_max_*``). A pointer share near 1 means the token was copied, so its
+  probability hangs on which earlier position the pointer picks. With
+  ``minibatches > 1`` (any model): ``route_changed_share`` (policy tokens scored after an
+  optimizer step whose position now routes to other experts, :func:`route_changed`) against
+  ``moved_route_changed_share`` (the same among the moved tokens) — a discrete switch of
+  experts is the other way one small step can move a token far.
 * **Aggregation** — Dr. GRPO's constant normaliser: the token sum over the
   batch divided by ``n_rows * norm_tokens`` (``n_rows``: rollouts trained on
   in this update, ``norm_tokens``: a config constant, default 1024, the
@@ -162,9 +167,9 @@ if TYPE_CHECKING:
     from agent.model.transformer import ModelOutput, MoETransformer
     from rl.config import GRPOConfig, KLEstimator, LengthScope
 
-__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "copy_share", "group_advantages", "kl_estimate",
-           "length_terms", "malformed_call_segments", "policy_loss", "select_rollouts", "token_advantages",
-           "token_tensors"]
+__all__ = ["BatchSelection", "GRPOTrainer", "RoutingReplayUnavailable", "copy_share", "group_advantages",
+           "kl_estimate", "length_terms", "malformed_call_segments", "policy_loss", "route_changed", "select_rollouts",
+           "token_advantages", "token_tensors"]
 
 
 class RoutingReplayUnavailable(RuntimeError):
@@ -471,10 +476,9 @@ class GRPOTrainer:
             group["lr"] = lr
         return lr
 
-    def _forward(self, model: MoETransformer, batch: dict[str, torch.Tensor]) -> Any:
-        if self.cfg.routing_replay:
-            return model(batch["input_ids"], routes=batch["routes"])  # type: ignore[call-arg]
-        return model(batch["input_ids"])
+    def _forward(self, model: MoETransformer, batch: dict[str, torch.Tensor], *, return_routes: bool = False) -> Any:
+        routes = batch["routes"] if self.cfg.routing_replay else None
+        return model(batch["input_ids"], routes=routes, return_routes=return_routes)
 
     def step(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
         """One update on ``rollouts`` (one iteration's). Returns its metrics; with nothing to
@@ -507,12 +511,13 @@ class GRPOTrainer:
             batches.append(b)
         old: list[torch.Tensor | None] = [None] * len(batches)
         old_copy: list[torch.Tensor | None] = [None] * len(batches)  # copy share under pi_old
+        old_routes: list[torch.Tensor | None] = [None] * len(batches)  # experts chosen under pi_old
         if cfg.minibatches > 1:  # off-policy after the first optimizer step: pi_old needs its own forward
             with torch.no_grad():
                 for j, b in enumerate(batches):
-                    o = self._forward(model, b)
+                    o = self._forward(model, b, return_routes=True)
                     old[j] = _token_logprobs(o.logits / self.temperature, b["input_ids"])
-                    old_copy[j] = copy_share(o, b["input_ids"])
+                    old_copy[j], old_routes[j] = copy_share(o, b["input_ids"]), o.routes
         acc: dict[str, float] = defaultdict(float)
         n_tok = float(sum(b["mask"].sum() for b in batches))
         counts = None
@@ -521,7 +526,7 @@ class GRPOTrainer:
             self.optimizer.zero_grad(set_to_none=True)
             for j in range(m, min(m + per_mb, len(batches))):
                 b = batches[j]
-                out = self._forward(model, b)
+                out = self._forward(model, b, return_routes=old_routes[j] is not None)
                 logp_all = torch.log_softmax(out.logits[:, :-1] / self.temperature, dim=-1)
                 new_lp = logp_all.gather(-1, b["input_ids"][:, 1:, None]).squeeze(-1)
                 # minibatches == 1: pi_old equals pi_theta in value; its detached copy saves a forward
@@ -563,8 +568,15 @@ class GRPOTrainer:
                                 float(signed[row, col]), "policy_move_max_adv": float(adv),
                                 "policy_move_max_old_logprob": float(old_lp[row, col]),
                                 "policy_move_max_copy_share": float(cs[row, col]) if cs is not None else 0.0}
+                    far = (moved > MOVED_NATS).float()
+                    if m > 0 and old_routes[j] is not None and out.routes is not None:
+                        # after an optimizer step: did the position's experts change (any layer)?
+                        changed = route_changed(old_routes[j], out.routes)[:, :-1].float()
+                        acc["scored_after_step"] += float(mask.sum())
+                        acc["route_changed"] += float((changed * mask).sum())
+                        acc["moved_after_step"] += float(far.sum())
+                        acc["moved_route_changed"] += float((changed * far).sum())
                     if cs is not None:
-                        far = (moved > MOVED_NATS).float()
                         acc["copy_share_sum"] += float((cs * mask).sum())
                         acc["moved_tokens"] += float(far.sum())
                         acc["moved_copy_share_sum"] += float((cs * far).sum())
@@ -596,6 +608,12 @@ class GRPOTrainer:
             acc["policy_move_max_old_logprob"],
             "expert_balance": expert_balance(counts) if counts is not None else 1.0,
         }
+        if acc["scored_after_step"]:
+            # MoE routing flips: the share of policy tokens scored after an optimizer step whose position
+            # now routes to other experts, against that share among the tokens that moved > MOVED_NATS
+            metrics["route_changed_share"] = acc["route_changed"] / acc["scored_after_step"]
+            if acc["moved_after_step"]:
+                metrics["moved_route_changed_share"] = acc["moved_route_changed"] / acc["moved_after_step"]
         if model.copy is not None:
             # which tokens move: the pointer's share of their probability before the update, against
             # that share over all policy tokens (the base rate)
@@ -658,6 +676,12 @@ def _malformed_credit(rows: Sequence[tuple[Rollout, float]], *, mask_positive: b
         drop.append(set())
     return bad_segs, drop, {"positive_malformed_token_frac": pos_bad / pos_tokens if pos_tokens else 0.0,
                   "malformed_tokens_unreinforced": float(masked), "n_credit_unaligned": float(unaligned)}
+
+
+def route_changed(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool: whether a position's experts differ between two forwards' routes
+    (``[B, T, n_moe_layers, top_k]`` expert ids) in any layer, as sets (top-k order ignored)."""
+    return (before.sort(dim=-1).values != after.sort(dim=-1).values).flatten(2).any(-1)
 
 
 def copy_share(out: ModelOutput, input_ids: torch.Tensor) -> torch.Tensor | None:

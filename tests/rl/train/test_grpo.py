@@ -17,6 +17,7 @@ from rl.train.grpo import (
     length_terms,
     malformed_call_segments,
     policy_loss,
+    route_changed,
     select_rollouts,
     token_advantages,
     token_tensors,
@@ -315,6 +316,35 @@ def test_routing_replay_trains_with_the_sampler_routes() -> None:
     rs[0].segments[0].routes = None
     with pytest.raises(RoutingReplayUnavailable, match="without recorded routes"):
         GRPOTrainer(model, GRPOConfig(routing_replay=True), pad_id=0, lr=1e-2).step(rs)
+
+
+def test_route_changed_compares_expert_sets_in_every_layer() -> None:
+    before = torch.tensor([[[[0, 1], [2, 3]], [[0, 1], [2, 3]]]])  # [B=1, T=2, layers=2, top_k=2]
+    after = torch.tensor([[[[1, 0], [3, 2]], [[0, 1], [2, 4]]]])  # position 0 reordered, position 1 a new expert
+    assert route_changed(before, after).tolist() == [[False, True]]
+
+
+def test_flipped_routes_are_counted_after_a_step_and_replay_pins_them() -> None:
+    def rows(model):  # type: ignore[no-untyped-def]
+        rs = [rollout(model, [1, 2, 3, 7, 8], [[4 + i, 5, 9, 10]], sample=i, reward=float(i % 2)) for i in range(4)]
+        for r in rs:
+            routes = model(torch.tensor([r.token_ids]), return_routes=True).routes[0].tolist()
+            pos = 0
+            for seg in r.segments:
+                seg.routes = routes[pos: pos + len(seg.token_ids)]
+                pos += len(seg.token_ids)
+        return rs
+
+    cfg = {"minibatches": 2, "micro_batch": 1}
+    model = tiny_model()
+    # a large step: some positions must now route elsewhere
+    free = GRPOTrainer(model, GRPOConfig(**cfg), pad_id=0, lr=0.3).step(rows(model))
+    assert 0.0 < free["route_changed_share"] <= 1.0
+    model = tiny_model()
+    pinned = GRPOTrainer(model, GRPOConfig(routing_replay=True, **cfg), pad_id=0, lr=0.3).step(rows(model))
+    assert pinned["route_changed_share"] == 0.0  # the sampler's experts, whatever the weights now prefer
+    one = GRPOTrainer(tiny_model(), GRPOConfig(), pad_id=0, lr=0.3).step(rows(tiny_model()))
+    assert "route_changed_share" not in one  # one optimizer step: nothing is scored after it
 
 
 def _with_calls(r: Rollout, valid_by_call: list[bool | None]) -> Rollout:
