@@ -92,6 +92,8 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("pointer's share of a sampled token's probability (copy head): all, moved > 3 nats, the largest mover",
      ("copy_share", "moved_copy_share", "policy_move_max_copy_share")),
     ("sampled tokens moved > 3 nats within one update (copy head)", ("moved_tokens",)),
+    ("share of tokens whose experts changed after a step: all, moved > 3 nats", ("route_changed_share",
+                                                                                "moved_route_changed_share")),
     ("learning rate (last step of the update)", ("lr",)),
     ("entropy", ("entropy",)),
     ("grad norm", ("grad_norm",)),
