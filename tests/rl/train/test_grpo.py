@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from agent.model.transformer import MoETransformer
 from rl.config import GRPOConfig
 from rl.train.grpo import (
     GRPOTrainer,
@@ -302,15 +303,20 @@ def test_too_long_rollout_is_an_error_naming_it() -> None:
         GRPOTrainer(model, GRPOConfig(), pad_id=0, lr=1e-3).step(rs)
 
 
-def test_routing_replay_trains_with_the_sampler_routes() -> None:
-    model = tiny_model()
-    rs = [rollout(model, [1, 2, 3], [[4 + i, 5]], sample=i, reward=float(i)) for i in range(2)]
+def _with_routes(model: MoETransformer, rs: list[Rollout]) -> list[Rollout]:
+    """``rs`` with each segment's routes recorded as the sampler would (the model's own, per token)."""
     for r in rs:
         routes = model(torch.tensor([r.token_ids]), return_routes=True).routes[0].tolist()
         pos = 0
         for seg in r.segments:
             seg.routes = routes[pos: pos + len(seg.token_ids)]
             pos += len(seg.token_ids)
+    return rs
+
+
+def test_routing_replay_trains_with_the_sampler_routes() -> None:
+    model = tiny_model()
+    rs = _with_routes(model, [rollout(model, [1, 2, 3], [[4 + i, 5]], sample=i, reward=float(i)) for i in range(2)])
     m = GRPOTrainer(model, GRPOConfig(routing_replay=True), pad_id=0, lr=1e-2).step(rs)
     assert m["stepped"] == 1 and math.isfinite(m["loss"])
     rs[0].segments[0].routes = None
@@ -325,15 +331,9 @@ def test_route_changed_compares_expert_sets_in_every_layer() -> None:
 
 
 def test_flipped_routes_are_counted_after_a_step_and_replay_pins_them() -> None:
-    def rows(model):  # type: ignore[no-untyped-def]
-        rs = [rollout(model, [1, 2, 3, 7, 8], [[4 + i, 5, 9, 10]], sample=i, reward=float(i % 2)) for i in range(4)]
-        for r in rs:
-            routes = model(torch.tensor([r.token_ids]), return_routes=True).routes[0].tolist()
-            pos = 0
-            for seg in r.segments:
-                seg.routes = routes[pos: pos + len(seg.token_ids)]
-                pos += len(seg.token_ids)
-        return rs
+    def rows(model: MoETransformer) -> list[Rollout]:
+        return _with_routes(model, [rollout(model, [1, 2, 3, 7, 8], [[4 + i, 5, 9, 10]], sample=i,
+                                            reward=float(i % 2)) for i in range(4)])
 
     cfg = {"minibatches": 2, "micro_batch": 1}
     model = tiny_model()
