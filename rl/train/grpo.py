@@ -138,7 +138,10 @@ also noted where it happens below):
   ``aux_loss_coef``) is added, weighted by each micro-batch's share of rows;
   the auxiliary-loss-free router-bias step runs after each optimizer step.
   ``routing_replay`` trains with the experts the sampler chose
-  (``Segment.routes``), which needs ``MoETransformer.forward(routes=...)``.
+  (``Segment.routes``), which needs ``MoETransformer.forward(routes=...)``. The KL
+  reference is never replayed: it routes by its own router, so ``kl_ref`` is the distance
+  to the model the run started from, routing drift included (scored on the sampler's
+  experts it would compare two models on one set of experts).
 
 Not guaranteed: bit-identical results across thread counts or machines
 (float reduction order); that every token of a rollout fits the model's
@@ -537,7 +540,10 @@ class GRPOTrainer:
                 total = loss + share * out.aux_loss
                 if self.reference is not None:
                     with torch.no_grad():
-                        ref_lp = _token_logprobs(self._forward(self.reference, b).logits / self.temperature,
+                        # the reference routes by its own router, replay or not: pinning it to the
+                        # sampler's experts would score a model nobody sampled from, and hide the
+                        # policy's routing drift from the KL term
+                        ref_lp = _token_logprobs(self.reference(b["input_ids"]).logits / self.temperature,
                                                  b["input_ids"])
                     log_r = ref_lp - new_lp
                     kl_tok = kl_estimate(log_r, cfg.kl_estimator) * b["mask"]

@@ -324,6 +324,23 @@ def test_routing_replay_trains_with_the_sampler_routes() -> None:
         GRPOTrainer(model, GRPOConfig(routing_replay=True), pad_id=0, lr=1e-2).step(rs)
 
 
+def test_under_replay_the_reference_routes_by_its_own_router() -> None:
+    model = tiny_model()
+    n_experts = model.cfg.n_experts
+    rs = _with_routes(model, [rollout(model, [1, 2, 3], [[4 + i, 5, 9]], sample=i, reward=float(i % 2))
+                              for i in range(4)])
+    cfg = GRPOConfig(routing_replay=True, kl_coef=0.1, norm_tokens=4)
+    own = GRPOTrainer(model, cfg, pad_id=0, lr=1e-2).step(rs)
+    assert own["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # sampler's experts = the reference's own
+    model = tiny_model()
+    for r in rs:  # the sampler chose other experts than the reference's router would
+        for seg in r.segments:
+            seg.routes = [[[(e + 1) % n_experts for e in layer] for layer in pos] for pos in seg.routes or []]
+    forged = GRPOTrainer(model, cfg, pad_id=0, lr=1e-2).step(rs)
+    # same weights, other experts: a positive distance (a reference pinned to the same routes scores 0)
+    assert forged["kl_ref"] > 1e-4
+
+
 def test_route_changed_compares_expert_sets_in_every_layer() -> None:
     before = torch.tensor([[[[0, 1], [2, 3]], [[0, 1], [2, 3]]]])  # [B=1, T=2, layers=2, top_k=2]
     after = torch.tensor([[[[1, 0], [3, 2]], [[0, 1], [2, 4]]]])  # position 0 reordered, position 1 a new expert
