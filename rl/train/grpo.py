@@ -115,8 +115,8 @@ also noted where it happens below):
   :data:`MOVED_NATS`), ``moved_copy_share`` (the pointer's share of those tokens'
   probability before the update, :func:`copy_share`) against ``copy_share`` (the same
   over all policy tokens), and the largest mover's signed shift, row advantage, logprob
-  before the update (at the training temperature) and pointer share
-  (``policy_move_max_*``). A pointer share near 1 means the token was copied, so its
+  before the update (at the training temperature), pointer share, token id and the
+  entropy of the distribution it was drawn from (``policy_move_max_*``). A pointer share near 1 means the token was copied, so its
   probability hangs on which earlier position the pointer picks. With
   ``minibatches > 1`` (any model): ``route_changed_share`` (policy tokens scored after an
   optimizer step whose position now routes to other experts, :func:`route_changed`) against
@@ -573,6 +573,10 @@ class GRPOTrainer:
                         acc |= {"policy_move_max": float(moved[row, col]), "policy_move_max_signed":
                                 float(signed[row, col]), "policy_move_max_adv": float(adv),
                                 "policy_move_max_old_logprob": float(old_lp[row, col]),
+                                # the token itself (decode with the run's tokenizer) and the entropy of
+                                # the distribution it was drawn from, as this forward scores it
+                                "policy_move_max_token": float(b["input_ids"][row, col + 1]),
+                                "policy_move_max_entropy": float(ent[row, col]),
                                 "policy_move_max_copy_share": float(cs[row, col]) if cs is not None else 0.0}
                     far = (moved > MOVED_NATS).float()
                     if m > 0 and old_routes[j] is not None and out.routes is not None:
@@ -611,7 +615,8 @@ class GRPOTrainer:
             "ppo_clipped_frac": acc["ppo_clipped"] / max(n_tok, 1.0),
             "policy_move_max": acc["policy_move_max"], "policy_move_max_signed": acc["policy_move_max_signed"],
             "policy_move_max_adv": acc["policy_move_max_adv"], "policy_move_max_old_logprob":
-            acc["policy_move_max_old_logprob"],
+            acc["policy_move_max_old_logprob"], "policy_move_max_token": acc["policy_move_max_token"],
+            "policy_move_max_entropy": acc["policy_move_max_entropy"],
             "expert_balance": expert_balance(counts) if counts is not None else 1.0,
         }
         if acc["scored_after_step"]:

@@ -24,7 +24,7 @@ from rl.train.grpo import (
     token_tensors,
 )
 from rl.types import Rollout, RolloutStatus
-from tests.rl.train.helpers import rollout, tiny_model
+from tests.rl.train.helpers import VOCAB, rollout, tiny_model
 
 
 def test_leave_one_out_advantages_without_std() -> None:
@@ -275,6 +275,8 @@ def test_an_update_reports_which_tokens_moved_and_how_much_of_them_the_pointer_g
     advs = group_advantages([0.0, 1.0, 0.0, 1.0])
     assert any(m["policy_move_max_adv"] == pytest.approx(a) for a in advs)  # the moved token's row's
     assert m["policy_move_max_old_logprob"] < 0.0
+    assert m["policy_move_max_token"] in {10.0, 11.0, 12.0, 3.0, 4.0, 5.0, 6.0}  # a sampled token, never the prompt's
+    assert 0.0 < m["policy_move_max_entropy"] <= math.log(VOCAB) + 1e-4
     assert m["moved_tokens"] >= 0 and ("moved_copy_share" in m) == (m["moved_tokens"] > 0)
     plain = GRPOTrainer(tiny_model(), GRPOConfig(minibatches=2, micro_batch=1), pad_id=0, lr=5e-2).step(
         [rollout(tiny_model(), [1, 2], [[3 + i, 4]], sample=i, reward=float(i % 2)) for i in range(4)])
