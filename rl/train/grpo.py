@@ -116,8 +116,9 @@ also noted where it happens below):
   probability before the update, :func:`copy_share`) against ``copy_share`` (the same
   over all policy tokens), and the largest mover's signed shift, row advantage, logprob
   before the update (at the training temperature), pointer share, token id and the
-  entropy of the distribution it was drawn from (``policy_move_max_*``). A pointer share near 1 means the token was copied, so its
-  probability hangs on which earlier position the pointer picks. With
+  entropy at its position after the move (``policy_move_max_*``; not before it). A
+  pointer share near 1 means the token was copied, so its probability hangs on which
+  earlier position the pointer picks. With
   ``minibatches > 1`` (any model): ``route_changed_share`` (policy tokens scored after an
   optimizer step whose position now routes to other experts, :func:`route_changed`) against
   ``moved_route_changed_share`` (the same among the moved tokens) — a discrete switch of
@@ -573,8 +574,8 @@ class GRPOTrainer:
                         acc |= {"policy_move_max": float(moved[row, col]), "policy_move_max_signed":
                                 float(signed[row, col]), "policy_move_max_adv": float(adv),
                                 "policy_move_max_old_logprob": float(old_lp[row, col]),
-                                # the token itself (decode with the run's tokenizer) and the entropy of
-                                # the distribution it was drawn from, as this forward scores it
+                                # the token itself (decode with the run's tokenizer) and the entropy at
+                                # its position as this forward (after the move) scores it
                                 "policy_move_max_token": float(b["input_ids"][row, col + 1]),
                                 "policy_move_max_entropy": float(ent[row, col]),
                                 "policy_move_max_copy_share": float(cs[row, col]) if cs is not None else 0.0}
