@@ -41,3 +41,15 @@ def rollout(model: MoETransformer | None, prompt: list[int], sampled: list[list[
                 seg.logprobs = lp[pos - 1: pos - 1 + len(seg.token_ids)]
             pos += len(seg.token_ids)
     return r
+
+
+def with_routes(model: MoETransformer, rs: list[Rollout]) -> list[Rollout]:
+    """``rs`` with each segment's routes recorded as the sampler would (the model's own, per token)."""
+    for r in rs:
+        with torch.no_grad():
+            routes = model(torch.tensor([r.token_ids]), return_routes=True).routes[0].tolist()
+        pos = 0
+        for seg in r.segments:
+            seg.routes = routes[pos: pos + len(seg.token_ids)]
+            pos += len(seg.token_ids)
+    return rs

@@ -24,7 +24,7 @@ from rl.train.grpo import (
     token_tensors,
 )
 from rl.types import Rollout, RolloutStatus
-from tests.rl.train.helpers import VOCAB, rollout, tiny_model
+from tests.rl.train.helpers import VOCAB, rollout, tiny_model, with_routes
 
 
 def test_leave_one_out_advantages_without_std() -> None:
@@ -305,20 +305,9 @@ def test_too_long_rollout_is_an_error_naming_it() -> None:
         GRPOTrainer(model, GRPOConfig(), pad_id=0, lr=1e-3).step(rs)
 
 
-def _with_routes(model: MoETransformer, rs: list[Rollout]) -> list[Rollout]:
-    """``rs`` with each segment's routes recorded as the sampler would (the model's own, per token)."""
-    for r in rs:
-        routes = model(torch.tensor([r.token_ids]), return_routes=True).routes[0].tolist()
-        pos = 0
-        for seg in r.segments:
-            seg.routes = routes[pos: pos + len(seg.token_ids)]
-            pos += len(seg.token_ids)
-    return rs
-
-
 def test_routing_replay_trains_with_the_sampler_routes() -> None:
     model = tiny_model()
-    rs = _with_routes(model, [rollout(model, [1, 2, 3], [[4 + i, 5]], sample=i, reward=float(i)) for i in range(2)])
+    rs = with_routes(model, [rollout(model, [1, 2, 3], [[4 + i, 5]], sample=i, reward=float(i)) for i in range(2)])
     m = GRPOTrainer(model, GRPOConfig(routing_replay=True), pad_id=0, lr=1e-2).step(rs)
     assert m["stepped"] == 1 and math.isfinite(m["loss"])
     rs[0].segments[0].routes = None
@@ -329,7 +318,7 @@ def test_routing_replay_trains_with_the_sampler_routes() -> None:
 def test_under_replay_the_reference_routes_by_its_own_router() -> None:
     model = tiny_model()
     n_experts = model.cfg.n_experts
-    rs = _with_routes(model, [rollout(model, [1, 2, 3], [[4 + i, 5, 9]], sample=i, reward=float(i % 2))
+    rs = with_routes(model, [rollout(model, [1, 2, 3], [[4 + i, 5, 9]], sample=i, reward=float(i % 2))
                               for i in range(4)])
     cfg = GRPOConfig(routing_replay=True, kl_coef=0.1, norm_tokens=4)
     own = GRPOTrainer(model, cfg, pad_id=0, lr=1e-2).step(rs)
@@ -351,7 +340,7 @@ def test_route_changed_compares_expert_sets_in_every_layer() -> None:
 
 def test_flipped_routes_are_counted_after_a_step_and_replay_pins_them() -> None:
     def rows(model: MoETransformer) -> list[Rollout]:
-        return _with_routes(model, [rollout(model, [1, 2, 3, 7, 8], [[4 + i, 5, 9, 10]], sample=i,
+        return with_routes(model, [rollout(model, [1, 2, 3, 7, 8], [[4 + i, 5, 9, 10]], sample=i,
                                             reward=float(i % 2)) for i in range(4)])
 
     cfg = {"minibatches": 2, "micro_batch": 1}
