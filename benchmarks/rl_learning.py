@@ -292,7 +292,7 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "model": {"preset": args.preset, "init": str(start["sft"]), "copy_head": args.copy_head,
                   "copy_min_distance": load_config(start["sft"]).copy_min_distance},
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
-                 "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
+                 "epochs": args.epochs, "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
                  "kl_estimator": args.kl_estimator, "routing_replay": args.routing_replay,
                  "neg_adv_scale": args.neg_adv_scale, "lr_warmup_steps": args.lr_warmup_steps,
                  "no_reinforce_malformed": args.no_reinforce_malformed,
@@ -412,6 +412,8 @@ def main() -> None:
     ap.add_argument("--group", type=int, help="GRPO group size G (rollouts per task)")
     ap.add_argument("--lr", type=float, help="GRPO learning rate")
     ap.add_argument("--minibatches", type=int, help="GRPO optimizer steps per iteration")
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="grpo.epochs: passes over each iteration's rollouts, --minibatches steps each (default 1)")
     ap.add_argument("--max-model-calls", type=int, help="limits.max_model_calls per rollout (default 6)")
     ap.add_argument("--max-tokens", type=int, help="rollout.max_tokens_per_call (default 192)")
     ap.add_argument("--max-wall-s", type=float,
@@ -581,6 +583,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "max_draws": args.max_draws,
                                                                  "kl_coef": args.kl_coef,
                                                                  "kl_estimator": args.kl_estimator, "routing_replay": args.routing_replay,
+                                                                 "epochs": args.epochs,
                                                                  "neg_adv_scale": args.neg_adv_scale,
                                                                  "lr_warmup_steps": args.lr_warmup_steps,
                                                                  "no_reinforce_malformed":

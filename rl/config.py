@@ -80,6 +80,9 @@ class GRPOConfig(_Section):
     compact_filtering: bool = False  # DeepSWE: drop rollouts that hit a limit from the loss
     routing_replay: bool = False  # train with the experts the sampler used (needs recorded routes)
     minibatches: int = Field(1, ge=1)  # optimizer steps per iteration (later ones are off-policy: PPO clip)
+    # passes over the iteration's rollouts, each split into `minibatches` optimizer steps (verl's
+    # ppo_epochs, PPO's K epochs): more steps from the same samples; see rl.train.grpo "Epochs"
+    epochs: int = Field(1, ge=1)
     # linear learning-rate warmup over the first N optimizer steps (0: none, verl's and TRL's default).
     # Adam's first steps move every weight by ~lr whatever its gradient; see rl.train.grpo "Warmup"
     lr_warmup_steps: int = Field(0, ge=0)

@@ -123,6 +123,17 @@ also noted where it happens below):
   optimizer step whose position now routes to other experts, :func:`route_changed`) against
   ``moved_route_changed_share`` (the same among the moved tokens) — a discrete switch of
   experts is the other way one small step can move a token far.
+* **Epochs** — ``epochs`` (default 1, as verl's ``ppo_epochs`` and DeepSeekMath's GRPO in
+  practice) passes over the update's rollouts, each split into the same ``minibatches`` (PPO's
+  K epochs of minibatch steps): ``epochs * minibatches`` optimizer steps from one iteration's
+  samples, every one after the first off-policy and bounded by the PPO clip against ``pi_old``
+  (the weights that sampled the batch). Why: on this machine sampling is ~90% of an iteration
+  and the trainer's step ~10%, so a second pass costs little and doubles what each rollout
+  teaches. Departures: the minibatches keep their order in every pass (verl reshuffles; here no
+  random state is drawn, so resume stays exact and the passes are comparable), and there is no
+  early stop on a KL target (PPO2's ``target_kl``). Per-token metrics (``entropy``,
+  ``logprob_diff_*``, ``kl_ref``, the clip fractions, ``loss``, ``moved_tokens``) are means over
+  the passes; ``policy_move_max`` and ``grad_norm`` are maxima over all of them.
 * **Aggregation** — Dr. GRPO's constant normaliser: the token sum over the
   batch divided by ``n_rows * norm_tokens`` (``n_rows``: rollouts trained on
   in this update, ``norm_tokens``: a config constant, default 1024, the
@@ -516,7 +527,7 @@ class GRPOTrainer:
         old: list[torch.Tensor | None] = [None] * len(batches)
         old_copy: list[torch.Tensor | None] = [None] * len(batches)  # copy share under pi_old
         old_routes: list[torch.Tensor | None] = [None] * len(batches)  # experts chosen under pi_old
-        if cfg.minibatches > 1:  # off-policy after the first optimizer step: pi_old needs its own forward
+        if cfg.minibatches > 1 or cfg.epochs > 1:  # off-policy after the first step: pi_old needs its own forward
             with torch.no_grad():
                 for j, b in enumerate(batches):
                     o = self._forward(model, b, return_routes=True)
@@ -526,7 +537,8 @@ class GRPOTrainer:
         n_tok = float(sum(b["mask"].sum() for b in batches))
         counts = None
         per_mb = math.ceil(len(batches) / cfg.minibatches)
-        for m in range(0, len(batches), per_mb):
+        steps = [(e, m) for e in range(cfg.epochs) for m in range(0, len(batches), per_mb)]
+        for epoch, m in steps:
             self.optimizer.zero_grad(set_to_none=True)
             for j in range(m, min(m + per_mb, len(batches))):
                 b = batches[j]
@@ -580,7 +592,7 @@ class GRPOTrainer:
                                 "policy_move_max_entropy": float(ent[row, col]),
                                 "policy_move_max_copy_share": float(cs[row, col]) if cs is not None else 0.0}
                     far = (moved > MOVED_NATS).float()
-                    if m > 0 and old_routes[j] is not None and out.routes is not None:
+                    if (m > 0 or epoch > 0) and old_routes[j] is not None and out.routes is not None:
                         # after an optimizer step: did the position's experts change (any layer)?
                         changed = route_changed(old_routes[j], out.routes)[:, :-1].float()
                         acc["scored_after_step"] += float(mask.sum())
@@ -605,6 +617,11 @@ class GRPOTrainer:
             if counts is not None:
                 model.update_router_bias(counts)
         model.eval()
+        if cfg.epochs > 1:  # sums over every pass: per-pass means (maxima stay maxima)
+            for k in ("loss", "aux_loss", "entropy_sum", "abs_delta_sum", "kl_sampler_sum", "kl_ref_sum",
+                      "copy_share_sum", "moved_tokens", "moved_copy_share_sum", "tis_clipped", "ppo_clipped",
+                      "tis_weight_sum"):
+                acc[k] /= cfg.epochs
         metrics |= {
             "stepped": 1.0, "lr": acc["lr"], "loss": acc["loss"], "aux_loss": acc["aux_loss"],
             "grad_norm": acc["grad_norm"],

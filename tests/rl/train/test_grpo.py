@@ -264,6 +264,25 @@ def test_minibatches_compute_old_logprobs_and_train() -> None:
     assert one["policy_move_max"] == 0.0  # one optimizer step: nothing is scored after it
 
 
+def test_epochs_take_more_off_policy_steps_from_the_same_rollouts_and_report_per_pass_means() -> None:
+    rs = [rollout(tiny_model(), [1, 2], [[3 + i, 4]], sample=i, reward=float(i % 2)) for i in range(4)]
+    one = GRPOTrainer(tiny_model(), GRPOConfig(minibatches=2, micro_batch=1), pad_id=0, lr=1e-2)
+    two = GRPOTrainer(tiny_model(), GRPOConfig(minibatches=2, micro_batch=1, epochs=2), pad_id=0, lr=1e-2)
+    m1, m2 = one.step(rs), two.step(rs)
+    assert (one.optimizer_steps, two.optimizer_steps) == (2, 4)
+    assert m2["policy_tokens"] == m1["policy_tokens"]
+    # sums over the passes are divided back: a per-token mean, not twice one
+    assert m2["entropy"] == pytest.approx(m1["entropy"], rel=0.05)
+    assert m2["loss"] == pytest.approx(m1["loss"], rel=0.5, abs=1e-3)
+    # the second pass is scored against pi_old (the sampling weights) after two more steps: it has moved further
+    assert m2["policy_move_max"] > m1["policy_move_max"] > 0.0
+    # one minibatch, two passes: pi_old gets its own forward, so the second pass sees how far the first moved
+    m3 = GRPOTrainer(tiny_model(), GRPOConfig(minibatches=1, epochs=2), pad_id=0, lr=1e-2).step(rs)
+    assert m3["policy_move_max"] > 0.0
+    with pytest.raises(ValueError, match="epochs"):
+        GRPOConfig(epochs=0)
+
+
 def test_an_update_reports_which_tokens_moved_and_how_much_of_them_the_pointer_gave() -> None:
     model = tiny_model(copy_head=True)
     # prompts that repeat, so the pointer has something to point at
