@@ -55,6 +55,7 @@ import math
 import torch
 from torch import nn
 
+from agent.model.slot_rows import SlotRows
 from agent.model.tokenizer import TOOL_TOKENS, Tokenizer
 
 __all__ = ["CopyHead", "twin_ids"]
@@ -131,21 +132,30 @@ class CopyHead(nn.Module):
         return self.mixture(h, lm_logits, keys, key_ids, query_ids, allowed)[0]
 
     def mixture(self, h: torch.Tensor, lm_logits: torch.Tensor, keys: torch.Tensor, key_ids: torch.Tensor,
-                query_ids: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                query_ids: torch.Tensor, allowed: torch.Tensor,
+                rows: SlotRows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward`'s ``log p`` and its LM side ``log(g · softmax(lm_logits)) [B, T, V]``
         (``exp(lm side) / p`` is the share of a token's probability the LM head gives; the rest
-        is the pointer's). Same arguments as :meth:`forward`."""
+        is the pointer's). Same arguments as :meth:`forward`, except that with ``rows`` (a cached
+        forward, ``agent.model.slot_rows``) ``keys`` are ``rows.take`` of the cache's keys,
+        ``[rows.width, N, 2d]``, which may hold rows no query uses."""
         q = self.wq(h.float())
         scale = 1.0 / math.sqrt(self.dim)
-        k, k_twin = keys.split(self.dim, dim=-1)
+        # both entry kinds' raw scores in one batched matmul over the keys as stored ([W, N, 2d] ->
+        # [W, 2N, d]: no copy even for a strided view of the cache; an einsum would permute, i.e.
+        # copy, them): [B, T, 2, N] (successor, twin)
+        w, n = keys.shape[0], keys.shape[1]
+        qw = q if rows is None else rows.spread(q)
+        raw = (keys.reshape(w, 2 * n, self.dim) @ qw.transpose(1, 2)).view(w, n, 2, -1).permute(0, 3, 2, 1)
+        raw = (raw if rows is None else rows.pick(raw)) * scale
         successors = torch.cat([key_ids[:, 1:], torch.zeros_like(key_ids[:, :1])], dim=1)  # [B, N]
         twins = self.twin[successors]  # [B, N]
         # the same token (up to its twin) at the query and the key: the induction step "I just wrote
         # x; where was x; copy what came after it", one learned bonus per entry kind
         same = (self.twin[query_ids][:, :, None] == self.twin[key_ids][:, None, :]).float()  # [B, T, N]
-        scores = torch.einsum("btd,bnd->btn", q, k) * scale + self.match_bias[0] * same
+        scores = raw[:, :, 0] + self.match_bias[0] * same
         scores = scores.masked_fill(~allowed, float("-inf"))
-        twin_scores = torch.einsum("btd,bnd->btn", q, k_twin) * scale + self.match_bias[1] * same
+        twin_scores = raw[:, :, 1] + self.match_bias[1] * same
         twin_scores = twin_scores.masked_fill(~(allowed & (twins != successors)[:, None, :]), float("-inf"))
         sentinel = ((q @ self.sentinel) * scale + self.sentinel_bias)[..., None]  # [B, T, 1]
         attn = torch.softmax(torch.cat([scores, twin_scores, sentinel], dim=-1), dim=-1)

@@ -11,8 +11,10 @@ The KV cache is what the generation engine decodes with: a fixed block of
 ``max_slots`` sequences × ``max_len`` positions per layer. A forward with a
 cache continues each row's slot at that slot's cached length, so rows with
 different lengths share one call; the causal mask over the cached keys is built
-per row. The cached forward computes the same function as the no-cache forward
-(the tests hold them within 1e-5 in fp32), which is how the engine's logprobs
+per row; rows whose slots lie close together read them as a view of the cache
+instead of a gathered copy (``agent.model.slot_rows``). The cached forward
+computes the same function as the no-cache forward (the tests hold them within
+1e-5 in fp32), which is how the engine's logprobs
 equal training logprobs. With ``cfg.copy_head`` the logits are the log-probabilities
 of the copy head's mixture (``agent.model.copy_head``), whose keys and token ids
 the cache holds too. Not guaranteed: bit-identity between the two paths
@@ -32,6 +34,7 @@ from agent.model.config import ModelConfig
 from agent.model.copy_head import CopyHead
 from agent.model.moe import MoELayer, MoEOutput
 from agent.model.numerics import Linear, autocast_for, require_kernels
+from agent.model.slot_rows import SlotRows
 
 
 class KVCache:
@@ -120,7 +123,7 @@ class Attention(nn.Module):
         self.wo = Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, precision=p)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                cache: KVCache | None, slots: torch.Tensor | None, pos: torch.Tensor | None) -> torch.Tensor:
+                cache: KVCache | None, rows: SlotRows | None, pos: torch.Tensor | None) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.wq(x).view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -129,17 +132,22 @@ class Attention(nn.Module):
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
-            assert slots is not None and pos is not None
+            assert rows is not None and pos is not None
             ck, cv = cache.k[self.layer], cache.v[self.layer]  # [S, Hkv, L, hd]
+            slots = rows.slots
             # Advanced indices (slot, position) around a slice put their dims first: [B, T, Hkv, hd].
             ck[slots[:, None], :, pos] = k.transpose(1, 2).to(ck.dtype)
             cv[slots[:, None], :, pos] = v.transpose(1, 2).to(cv.dtype)
             n_kv = int(pos[:, -1].max()) + 1
-            keys = ck[slots, :, :n_kv].to(q.dtype)
-            values = cv[slots, :, :n_kv].to(q.dtype)
-            # Query at absolute position p sees keys 0..p of its own slot; the rest is padding.
-            mask = torch.arange(n_kv, device=x.device)[None, None, :] <= pos[:, :, None]
-            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask[:, None], enable_gqa=True)
+            # the rows' slots as a view of the cache where they are close together, else gathered
+            keys = rows.take(ck)[:, :, :n_kv].to(q.dtype)
+            values = rows.take(cv)[:, :, :n_kv].to(q.dtype)
+            # Query at absolute position p sees keys 0..p of its own slot; the rest is padding. A spare
+            # row of the view (no query) sits at position 0: it sees key 0 only and is dropped.
+            mask = torch.arange(n_kv, device=x.device)[None, None, :] <= rows.spread(pos)[:, :, None]
+            y = F.scaled_dot_product_attention(rows.spread(q), keys, values, attn_mask=mask[:, None],
+                                               enable_gqa=True)
+            y = rows.pick(y)
         return self.wo(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -152,9 +160,9 @@ class Block(nn.Module):
         self.moe = MoELayer(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None,
-                slots: torch.Tensor | None, pos: torch.Tensor | None,
+                rows: SlotRows | None, pos: torch.Tensor | None,
                 routes: torch.Tensor | None = None) -> tuple[torch.Tensor, MoEOutput]:
-        x = x + self.attn(self.attn_norm(x), cos, sin, cache, slots, pos)
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, rows, pos)
         moe = self.moe(self.moe_norm(x), routes)
         return x + moe.y, moe
 
@@ -174,6 +182,9 @@ class MoETransformer(nn.Module):
         cos, sin = rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # a cached forward reads its rows' slots as a view of the cache when their range is at most
+        # this many times the rows, else gathers them (agent.model.slot_rows; 0: always gather)
+        self.slot_view_spread = 2.0
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -214,7 +225,7 @@ class MoETransformer(nn.Module):
                 f"got {tuple(routes.shape)}"
             )
         device = input_ids.device
-        pos = None
+        pos = rows = None
         if cache is None:
             if t > self.cfg.max_seq_len:
                 raise ValueError(f"sequence of {t} tokens exceeds max_seq_len {self.cfg.max_seq_len}")
@@ -230,11 +241,12 @@ class MoETransformer(nn.Module):
                 raise ValueError(f"slot overflow: {int(start.max())} cached + {t} new > max_len {cache.max_len}")
             pos = start[:, None] + torch.arange(t, device=start.device)
             cos, sin = self.rope_cos[pos][:, None], self.rope_sin[pos][:, None]
+            rows = SlotRows.of(slots, max_spread=self.slot_view_spread)
         with autocast_for(self.cfg.precision, device.type):
             x = self.embed(input_ids)
             aux, counts, used = [], [], []
             for i, block in enumerate(self.blocks):
-                x, moe = block(x, cos, sin, cache, slots, pos, routes[:, :, i] if routes is not None else None)
+                x, moe = block(x, cos, sin, cache, rows, pos, routes[:, :, i] if routes is not None else None)
                 aux.append(moe.aux_loss)
                 counts.append(moe.counts)
                 used.append(moe.experts)
@@ -242,7 +254,7 @@ class MoETransformer(nn.Module):
             logits = self.lm_head(h).float()
         lm_side = None
         if self.copy is not None:
-            logits, lm_side = self._copy_mix(h, logits, input_ids, cache, slots, pos)
+            logits, lm_side = self._copy_mix(h, logits, input_ids, cache, rows, pos)
         if cache is not None:
             cache.lengths[slots] += t
         coef = self.cfg.aux_loss_coef
@@ -252,7 +264,7 @@ class MoETransformer(nn.Module):
                            lm_side=lm_side)
 
     def _copy_mix(self, h: torch.Tensor, logits: torch.Tensor, input_ids: torch.Tensor, cache: KVCache | None,
-                  slots: torch.Tensor | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                  rows: SlotRows | None, pos: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The copy head's mixture (``agent.model.copy_head``) as log-probabilities, and its LM side;
         with a cache the rows' keys and ids are stored first, so a query sees every earlier position
         of its slot."""
@@ -263,13 +275,14 @@ class MoETransformer(nn.Module):
             b, t = input_ids.shape
             allowed = torch.ones(t, t, dtype=torch.bool, device=h.device).tril(-gap)[None].expand(b, t, t)
             return self.copy.mixture(h, logits, keys, input_ids, input_ids, allowed)
-        assert slots is not None and pos is not None and cache.copy_keys is not None and cache.ids is not None
+        assert rows is not None and pos is not None and cache.copy_keys is not None and cache.ids is not None
+        slots = rows.slots
         cache.copy_keys[slots[:, None], pos] = keys
         cache.ids[slots[:, None], pos] = input_ids.to(cache.ids.device)
         n = int(pos[:, -1].max()) + 1
-        all_keys, ids = cache.copy_keys[slots, :n], cache.ids[slots, :n]
+        all_keys, ids = rows.take(cache.copy_keys)[:, :n], cache.ids[slots, :n]
         allowed = torch.arange(n, device=h.device)[None, None, :] <= pos[:, :, None] - gap
-        return self.copy.mixture(h, logits, all_keys, ids, input_ids, allowed)
+        return self.copy.mixture(h, logits, all_keys, ids, input_ids, allowed, rows=rows)
 
     @torch.no_grad()
     def logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -42,14 +42,26 @@ def test_no_cache_forward_shapes_and_causality(model: MoETransformer) -> None:
     torch.testing.assert_close(model(changed).logits[:, :8], out.logits[:, :8], rtol=0, atol=1e-6)
 
 
-def test_cached_prefill_and_decode_equal_no_cache(model: MoETransformer) -> None:
+@pytest.mark.parametrize(("slot_ids", "spread"), [
+    ([5, 0, 3], 2.0),  # a view of slots 0..5 with spare rows 1, 2, 4
+    ([1, 2, 0], 2.0),  # a view of 0..2, rows permuted
+    ([3, 4, 5], 2.0),  # a view of 3..5 in order: no spreading
+    ([5, 0, 3], 0.0),  # always gathered
+], ids=["view-spare-rows", "view-permuted", "view-in-order", "gather"])
+def test_cached_prefill_and_decode_equal_no_cache(model: MoETransformer, slot_ids: list[int], spread: float,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model, "slot_view_spread", spread)
     torch.manual_seed(1)
     total = 40
     seqs = torch.randint(0, model.cfg.vocab_size, (3, total))
     with torch.no_grad():
         reference = model(seqs).logits
     cache = KVCache(model.cfg, max_slots=6, max_len=64)
-    slots = torch.tensor([5, 0, 3])
+    cache.k.normal_()  # stale keys/values in every slot: a spare row or a masked position must not leak
+    cache.v.normal_()
+    if cache.copy_keys is not None:
+        cache.copy_keys.normal_()
+    slots = torch.tensor(slot_ids)
     prompt_lens = [4, 13, 21]  # different cached lengths per slot
     got: list[list[torch.Tensor]] = [[] for _ in slots]
     with torch.no_grad():
