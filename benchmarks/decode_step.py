@@ -4,7 +4,8 @@ The model is the CPU RL experiment's (``mini`` with the copy head, ``copy_min_di
 random weights: the time does not depend on them). Every cache slot holds ``--context``
 tokens; one decode step (T = 1, one row per busy slot) is timed with the rows' slots read as a
 view of the cache (``agent.model.slot_rows``, the default) and with them gathered
-(``model.slot_view_spread = 0``, the code before the view existed), alternating the two in
+(``model.slot_view_spread = 0``, how the cache was read before the view existed; the copy
+head's scoring is the current one in both arms), alternating the two in
 each round so both see the same machine load. After every step the slots' lengths are set
 back, so every step attends over the same ``--context`` positions. Layouts:
 

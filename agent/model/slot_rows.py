@@ -16,8 +16,10 @@ would), else the gather. The caller masks each spare row to one key (position 0,
 slot has), so no softmax row is all ``-inf``; what the spare rows compute is discarded.
 
 Not guaranteed: bit-identical outputs between the view and the gather (the attention kernel
-sees different batch shapes and strides; they agree to rounding), or any speed-up on devices
-where the gather is cheap next to the attention.
+sees different batch shapes and strides; they agree to rounding); no copy at all when the cache's
+dtype differs from the computation's (an fp32 cache under bf16 autocast is cast, spare rows
+included — still less than gathering and casting); any speed-up on devices where the gather is
+cheap next to the attention.
 """
 
 from __future__ import annotations

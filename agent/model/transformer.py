@@ -234,6 +234,8 @@ class MoETransformer(nn.Module):
             if slots is None or slots.shape != (b,):
                 raise ValueError("a cached forward needs slots: LongTensor[B], one slot per row")
             slots = slots.to(cache.lengths.device)
+            if b and (int(slots.min()) < 0 or int(slots.max()) >= cache.max_slots):
+                raise ValueError(f"slots must be in 0..{cache.max_slots - 1}, got {slots.tolist()}")
             if slots.unique().numel() != b:
                 raise ValueError("each row must continue a different slot")
             start = cache.lengths[slots]

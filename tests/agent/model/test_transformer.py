@@ -8,6 +8,7 @@ import torch
 
 from agent.model.config import ModelConfig
 from agent.model.numerics import KernelsUnavailable
+from agent.model.slot_rows import SlotRows
 from agent.model.transformer import KVCache, MoETransformer
 
 CFG = ModelConfig.preset("tiny", vocab_size=211, shared_expert=True, router_bias_rate=0.01, max_seq_len=96)
@@ -24,7 +25,8 @@ def model(request: pytest.FixtureRequest) -> MoETransformer:
     from dataclasses import replace
 
     torch.manual_seed(0)
-    m = MoETransformer(replace(CFG, copy_head=request.param)).eval()
+    # the copy head with a pointer distance > 1: its cached mask must match the plain one
+    m = MoETransformer(replace(CFG, copy_head=request.param, copy_min_distance=3 if request.param else 1)).eval()
     with torch.no_grad():  # a non-trivial router bias: selection must be the same in both paths
         for block in m.blocks:
             block.moe.router_bias.normal_(0, 0.05)
@@ -51,6 +53,15 @@ def test_no_cache_forward_shapes_and_causality(model: MoETransformer) -> None:
 def test_cached_prefill_and_decode_equal_no_cache(model: MoETransformer, slot_ids: list[int], spread: float,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(model, "slot_view_spread", spread)
+    viewed: list[bool] = []  # per cache read: did it share the cache's storage (a view) or copy (a gather)?
+    take = SlotRows.take
+
+    def spy(self: SlotRows, per_slot: torch.Tensor) -> torch.Tensor:
+        out = take(self, per_slot)
+        viewed.append(out.untyped_storage().data_ptr() == per_slot.untyped_storage().data_ptr())
+        return out
+
+    monkeypatch.setattr(SlotRows, "take", spy)
     torch.manual_seed(1)
     total = 40
     seqs = torch.randint(0, model.cfg.vocab_size, (3, total))
@@ -76,7 +87,11 @@ def test_cached_prefill_and_decode_equal_no_cache(model: MoETransformer, slot_id
             for r in range(3):
                 got[r].append(out.logits[r])
                 pos[r] += 1
-        # a multi-token continuation of one slot (T>1 on top of a cache)
+        # all three continue by 3 tokens at once (T>1 over spare rows), then one slot by 5
+        out = model(torch.stack([seqs[r, pos[r]:pos[r] + 3] for r in range(3)]), cache=cache, slots=slots)
+        for r in range(3):
+            got[r].append(out.logits[r])
+            pos[r] += 3
         out = model(seqs[1:2, pos[1]:pos[1] + 5], cache=cache, slots=slots[1:2])
         got[1].append(out.logits[0])
         pos[1] += 5
@@ -86,6 +101,9 @@ def test_cached_prefill_and_decode_equal_no_cache(model: MoETransformer, slot_id
         logits = torch.cat([g.reshape(-1, model.cfg.vocab_size) for g in got[r]])
         worst = max(worst, float((logits - reference[r, :pos[r]]).abs().max()))
     assert worst <= 1e-5, worst
+    reads_per_forward = 2 * model.cfg.n_layers + (model.copy is not None)  # K and V per layer, the copy keys
+    assert len(viewed) == reads_per_forward * (3 + 12 + 2)
+    assert all(viewed) if spread > 0 else not any(viewed)
 
 
 def test_reset_slot_reuses_it(model: MoETransformer) -> None:
@@ -107,6 +125,9 @@ def test_cache_overflow_and_bad_slots_raise(model: MoETransformer) -> None:
         model(torch.zeros(2, 1, dtype=torch.long), cache=cache, slots=torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="slots"):
         model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    for bad in ([-1], [0, 2]):  # a negative id would index from the end; 2 is past max_slots
+        with pytest.raises(ValueError, match=r"slots must be in 0\.\.1"):
+            model(torch.zeros(len(bad), 1, dtype=torch.long), cache=cache, slots=torch.tensor(bad))
     assert cache.lengths.tolist() == [0, 0]
 
 
