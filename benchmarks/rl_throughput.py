@@ -1,5 +1,6 @@
 """RL rollout throughput on Ray: one iteration's time split, rollouts/s with 1 vs 2
-rollout workers, prefill tokens computed with and without the prefix cache, peak memory.
+rollout workers, prefill tokens computed with and without the prefix cache, the KV cache
+read as a view or by gather (``model.slot_view_spread``), peak memory.
 
 The policy is the tiny preset with random weights, saved as a real checkpoint
 (compact prompt profile), or ``--init CHECKPOINT`` (an SFT start, which writes real tool
@@ -34,6 +35,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--init", type=Path, help="serve this checkpoint (default: a random tiny model)")
     ap.add_argument("--tasks-file", type=Path, help="roll out these tasks' train split (default: toy workspaces)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="rollout sampling temperature")
     ap.add_argument("--name", default="rl_throughput", help="result name")
     args = ap.parse_args()
 
@@ -81,10 +83,11 @@ def main() -> None:
     jobs = [RolloutJob(t, "bench", 0, g, seed=100 * i + g) for i, t in enumerate(tasks) for g in range(args.group)]
     limits = Limits(max_steps=args.max_steps, max_wall_s=300)
 
-    def iteration(n_workers: int, prefix_cache: bool) -> dict:
-        inference = start_inference(ckpt, max_slots=32, num_cpus=1, threads=1, prefix_cache=prefix_cache)
-        config = WorkerConfig(store_root=str(tmp / f"store-{n_workers}-{prefix_cache}"), limits=limits,
-                              max_tokens=args.max_tokens)
+    def iteration(n_workers: int, prefix_cache: bool, slot_view_spread: float = 2.0) -> dict:
+        inference = start_inference(ckpt, max_slots=32, num_cpus=1, threads=1, prefix_cache=prefix_cache,
+                                    slot_view_spread=slot_view_spread)
+        config = WorkerConfig(store_root=str(tmp / f"store-{n_workers}-{prefix_cache}-{slot_view_spread}"),
+                              limits=limits, max_tokens=args.max_tokens, temperature=args.temperature)
         workers = start_workers(n_workers, config, inference, num_cpus=0.5)
         ray.get(inference.weights_version.remote())
         ray.get([w.peak_rss_mb.remote() for w in workers])  # actors up before the clock starts
@@ -98,7 +101,7 @@ def main() -> None:
             ray.kill(a)
         n = len(rollouts)
         return {
-            "workers": n_workers, "prefix_cache": prefix_cache, "rollouts": n, "wall_s": round(wall, 3),
+            "workers": n_workers, "prefix_cache": prefix_cache, "slot_view_spread": slot_view_spread, "rollouts": n, "wall_s": round(wall, 3),
             "rollouts_per_s": round(n / wall, 3),
             "statuses": {s: sum(r.status.value == s for r in rollouts) for s in sorted({r.status.value for r in rollouts})},
             "time_split_s": {  # summed over rollouts (they overlap in time)
@@ -108,19 +111,31 @@ def main() -> None:
             },
             "model_calls": sum(r.metrics["model_calls"] for r in rollouts),
             "sampled_tokens": sum(r.metrics["sampled_tokens"] for r in rollouts),
+            "sampled_tokens_per_s": round(sum(r.metrics["sampled_tokens"] for r in rollouts) / wall, 1),
             "prompt_tokens": stats["prompt_tokens"], "prefill_tokens_computed": stats["prefill_tokens"],
             "prefill_tokens_cached": stats["cached_tokens"], "peak_memory": peak,
+            "_samples": [[t for seg in r.segments if seg.sampled for t in seg.token_ids] for r in rollouts],
         }
 
-    runs = [iteration(1, True), iteration(2, True), iteration(2, False)]
+    # the gather arm right after the view arm it is compared with, so both see the same machine load
+    runs = [iteration(1, True), iteration(2, True), iteration(2, True, slot_view_spread=0.0), iteration(2, False)]
     ray.shutdown()
-    one, two, nocache = runs
+    one, two, gather, nocache = runs
+    # same jobs and seeds: equal unless a batch's makeup moved a logit (float order), not a fault by itself
+    same = sum(a == b for a, b in zip(two["_samples"], gather["_samples"], strict=True)) / len(jobs)
+    for r in runs:
+        del r["_samples"]
     write_result(args.name, {
         "config": {"tasks": len(tasks), "group": args.group, "max_steps": args.max_steps,
-                   "max_tokens": args.max_tokens, "model": str(args.init) if args.init else "tiny (random init)",
+                   "max_tokens": args.max_tokens, "temperature": args.temperature, "model": str(args.init) if args.init else "tiny (random init)",
                    "tasks_file": str(args.tasks_file) if args.tasks_file else None, "ray_cpus": 2},
         "runs": runs,
         "rollouts_per_s": {"1_worker": one["rollouts_per_s"], "2_workers": two["rollouts_per_s"]},
+        # 2 workers, prefix cache on; the same jobs and seeds, the KV cache read by gather vs as a view
+        "kv_read": {"gather_sampled_tokens_per_s": gather["sampled_tokens_per_s"],
+                    "view_sampled_tokens_per_s": two["sampled_tokens_per_s"],
+                    "view_over_gather": round(two["sampled_tokens_per_s"] / max(gather["sampled_tokens_per_s"], 1e-9), 3),
+                    "same_samples": round(same, 3)},
         "prefill_tokens": {"with_cache": two["prefill_tokens_computed"], "without_cache": nocache["prefill_tokens_computed"]},
         "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     })

@@ -43,10 +43,13 @@ class InferenceServer:
     """The actor's class (wrap with ``ray.remote``; :func:`start_inference`).
 
     Built from a checkpoint directory (``agent.model.checkpoint``), so the
-    actor serves exactly what ``flywheel policy serve`` would."""
+    actor serves exactly what ``flywheel policy serve`` would. ``slot_view_spread``
+    overrides the model's (``MoETransformer.slot_view_spread``; 0 reads the KV cache
+    by gather), for benchmarks that compare the two reads."""
 
     def __init__(self, checkpoint: str, *, max_slots: int = 32, max_len: int | None = None,
-                 prefix_cache: bool = True, threads: int | None = None) -> None:
+                 prefix_cache: bool = True, threads: int | None = None,
+                 slot_view_spread: float | None = None) -> None:
         import torch
 
         from agent.model.checkpoint import load_checkpoint, load_profile
@@ -55,6 +58,8 @@ class InferenceServer:
         if threads:
             torch.set_num_threads(threads)
         model, tokenizer = load_checkpoint(Path(checkpoint))
+        if slot_view_spread is not None:  # 0 reads the KV cache by gather, as before the view existed
+            model.slot_view_spread = slot_view_spread
         self.profile = load_profile(Path(checkpoint))
         self.tokenizer = tokenizer
         self.engine = Engine(model, tokenizer, max_slots=max_slots, max_len=max_len, prefix_cache=prefix_cache)

@@ -84,3 +84,33 @@ def test_the_actor_streams_coalesced_pieces_that_join_to_the_completion(ray_sess
 
     assert asyncio.run(closed_early()).token_ids == done.token_ids
     ray.kill(inference)
+
+
+def test_the_actor_samples_the_same_tokens_reading_its_cache_by_gather_or_as_a_view(ray_session,
+                                                                                    tmp_path: Path) -> None:
+    """Concurrent requests share decode steps; the cache read (``slot_view_spread``) must not change a sample."""
+    from agent.model.engine import GenerationRequest
+    from rl.rollout.inference import ActorCompleter
+
+    ray = ray_session
+    tok = tiny_tokenizer()
+    torch.manual_seed(0)
+    model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=1024))
+    ckpt = save_checkpoint(tmp_path / "ckpt", model, tok, step=0, profile=COMPACT_PROFILE)
+    requests = [GenerationRequest(prompt_ids=tok.encode(f"request {i} " * (1 + i)), max_tokens=24, seed=i)
+                for i in range(6)]
+
+    def sample(spread: float) -> list[list[int]]:
+        inference = start_inference(ckpt, max_slots=8, num_cpus=0.5, threads=1, slot_view_spread=spread)
+        completer = ActorCompleter(inference)
+
+        async def all_at_once():
+            return await asyncio.gather(*(completer.complete(r) for r in requests))
+
+        done = asyncio.run(all_at_once())
+        ray.kill(inference)
+        return [list(d.token_ids) for d in done]
+
+    view, gather = sample(2.0), sample(0.0)
+    assert view == gather
+    assert all(len(t) > 0 for t in view) and len({tuple(t) for t in view}) > 1
