@@ -131,7 +131,8 @@ also noted where it happens below):
   and the trainer's step ~10%, so a second pass costs little and doubles what each rollout
   teaches. Departures: the minibatches keep their order in every pass (verl reshuffles; here no
   random state is drawn, so resume stays exact and the passes are comparable), and there is no
-  early stop on a KL target (PPO2's ``target_kl``). Per-token metrics (``entropy``,
+  early stop on a KL target (PPO2's ``target_kl``). The reference's token logprobs (``kl_coef``)
+  are computed once per micro-batch and reused by every pass (the reference does not train). Per-token metrics (``entropy``,
   ``logprob_diff_*``, ``kl_ref``, the clip fractions, ``loss``, ``moved_tokens``) are means over
   the passes; ``policy_move_max`` and ``grad_norm`` are maxima over all of them.
 * **Aggregation** — Dr. GRPO's constant normaliser: the token sum over the
@@ -527,6 +528,7 @@ class GRPOTrainer:
         old: list[torch.Tensor | None] = [None] * len(batches)
         old_copy: list[torch.Tensor | None] = [None] * len(batches)  # copy share under pi_old
         old_routes: list[torch.Tensor | None] = [None] * len(batches)  # experts chosen under pi_old
+        ref: list[torch.Tensor | None] = [None] * len(batches)  # token logprobs under the reference
         if cfg.minibatches > 1 or cfg.epochs > 1:  # off-policy after the first step: pi_old needs its own forward
             with torch.no_grad():
                 for j, b in enumerate(batches):
@@ -552,13 +554,14 @@ class GRPOTrainer:
                 share = b["adv"].shape[0] / n_rows
                 total = loss + share * out.aux_loss
                 if self.reference is not None:
-                    with torch.no_grad():
-                        # the reference routes by its own router, replay or not: pinning it to the
-                        # sampler's experts would score a model nobody sampled from, and hide the
-                        # policy's routing drift from the KL term
-                        ref_lp = _token_logprobs(self.reference(b["input_ids"]).logits / self.temperature,
-                                                 b["input_ids"])
-                    log_r = ref_lp - new_lp
+                    if ref[j] is None:  # the reference does not train: one forward per batch, every pass reuses it
+                        with torch.no_grad():
+                            # the reference routes by its own router, replay or not: pinning it to the
+                            # sampler's experts would score a model nobody sampled from, and hide the
+                            # policy's routing drift from the KL term
+                            ref[j] = _token_logprobs(self.reference(b["input_ids"]).logits / self.temperature,
+                                                     b["input_ids"])
+                    log_r = ref[j] - new_lp
                     kl_tok = kl_estimate(log_r, cfg.kl_estimator) * b["mask"]
                     kl_sum = kl_tok.sum()
                     total = total + cfg.kl_coef * kl_sum / normaliser

@@ -212,6 +212,19 @@ def test_kl_term_is_zero_at_the_start_and_grows_per_token_after_a_step() -> None
     assert "kl_ref" not in GRPOTrainer(tiny_model(), GRPOConfig(), pad_id=0, lr=1e-3).step(rs)
 
 
+def test_the_reference_scores_each_batch_once_however_many_passes() -> None:
+    model = tiny_model()
+    rs = [rollout(model, [1, 2], [[3 + i, 4, 9]], sample=i, reward=float(i % 2)) for i in range(4)]
+    trainer = GRPOTrainer(model, GRPOConfig(kl_coef=0.1, minibatches=2, micro_batch=1, epochs=2), pad_id=0, lr=5e-2)
+    calls = []
+    forward = trainer.reference.forward
+    trainer.reference.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    m = trainer.step(rs)
+    assert len(calls) == 4  # four micro-batches, two passes: one forward each
+    # reused, not stale: scored after the first steps, the policy has left the reference
+    assert trainer.optimizer_steps == 4 and 0.0 < m["kl_ref"] <= m["kl_ref_token_max"]
+
+
 def test_k2_kl_pulls_a_fallen_token_back_linearly_where_k3_pulls_exponentially() -> None:
     ref = torch.tensor([-1.0, -1.0, -1.0])
     new = torch.tensor([-1.0, -2.0, -10.0], requires_grad=True)  # a token 0, 1 and 9 nats below the start
