@@ -87,6 +87,9 @@ class GRPOConfig(_Section):
     # Adam's first steps move every weight by ~lr whatever its gradient; see rl.train.grpo "Warmup"
     lr_warmup_steps: int = Field(0, ge=0)
     micro_batch: int = Field(4, ge=1)  # rows per forward (gradient accumulation; bounds memory)
+    # within each minibatch, micro-batches take rows of similar length (less padding computed);
+    # which rows share an optimizer step is unchanged. See rl.train.grpo "Micro-batches"
+    sort_micro_batches: bool = True
     # DAPO's dynamic sampling (rl.train.loop): "success" draws more tasks until `tasks_per_iteration`
     # groups hold both a solved and an unsolved rollout (at most `max_draws` draws of
     # `tasks_per_iteration` tasks) and trains on those groups only; "off": one draw, every group whose

@@ -135,6 +135,14 @@ also noted where it happens below):
   are computed once per micro-batch and reused by every pass (the reference does not train). Per-token metrics (``entropy``,
   ``logprob_diff_*``, ``kl_ref``, the clip fractions, ``loss``, ``moved_tokens``) are means over
   the passes; ``policy_move_max`` and ``grad_norm`` are maxima over all of them.
+* **Micro-batches** — ``micro_batch`` rows per forward, right-padded to the longest. The
+  rows are split into ``minibatches`` blocks in index order (group by group); with
+  ``sort_micro_batches`` (default on) each block's rows are sorted by length before they are cut
+  into micro-batches, so a micro-batch pads little (HF's ``group_by_length``, verl's
+  ``balance_batch`` serve the same end). The rows sharing an optimizer step, and so the policy
+  gradient, are unchanged up to float summation order; the MoE auxiliary loss, computed per
+  forward, sees other row mixes. ``pad_share`` reports the padded share of the positions the
+  forwards computed, ``pad_share_unsorted`` what index order would have padded.
 * **Aggregation** — Dr. GRPO's constant normaliser: the token sum over the
   batch divided by ``n_rows * norm_tokens`` (``n_rows``: rollouts trained on
   in this update, ``norm_tokens``: a config constant, default 1024, the
@@ -287,6 +295,30 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
             else:  # its reward still counts in the baseline above; it has no token to take a gradient on
                 sel.n_no_tokens += 1
     return sel
+
+
+def micro_batches(lengths: Sequence[int], size: int, minibatches: int, *, sort: bool) -> list[list[int]]:
+    """Row indices per micro-batch, in training order. The micro-batches are cut as if in index
+    order (``size`` rows each), then taken ``ceil(n_micro / minibatches)`` per optimizer step; with
+    ``sort`` each step's rows are re-cut sorted by ``lengths`` (stable: ties keep index order).
+    A step's set of rows and its number of micro-batches do not depend on ``sort``."""
+    n = len(lengths)
+    n_micro = math.ceil(n / size)
+    per_step = math.ceil(n_micro / minibatches) * size if n_micro else size
+    out: list[list[int]] = []
+    for lo in range(0, n, per_step):
+        block = list(range(lo, min(lo + per_step, n)))
+        if sort:
+            block.sort(key=lambda i: lengths[i])
+        out += [block[i:i + size] for i in range(0, len(block), size)]
+    return out
+
+
+def pad_share(lengths: Sequence[int], chunks: Sequence[Sequence[int]]) -> float:
+    """The share of the positions a forward over ``chunks`` computes (each right-padded to its
+    longest row) that are padding."""
+    computed = sum(len(c) * max(lengths[i] for i in c) for c in chunks)
+    return 1.0 - sum(lengths) / computed if computed else 0.0
 
 
 def _sampled_tokens(r: Rollout) -> int:
@@ -515,7 +547,10 @@ class GRPOTrainer:
         bad_segs, drop, credit = _malformed_credit(sel.rows,
                                                    mask_positive=cfg.no_reinforce_malformed and not penalise)
         metrics |= credit
-        chunks = [list(range(i, min(i + cfg.micro_batch, n_rows))) for i in range(0, n_rows, cfg.micro_batch)]
+        lengths = [len(r.token_ids) for r, _ in sel.rows]
+        chunks = micro_batches(lengths, cfg.micro_batch, cfg.minibatches, sort=cfg.sort_micro_batches)
+        metrics |= {"pad_share": pad_share(lengths, chunks), "pad_share_unsorted":
+                    pad_share(lengths, micro_batches(lengths, cfg.micro_batch, cfg.minibatches, sort=False))}
         batches = []
         for c in chunks:
             b = token_tensors([sel.rows[i][0] for i in c], self.pad_id, max_len=model.cfg.max_seq_len,
