@@ -39,6 +39,8 @@ from rl.config import GRPOConfig
 from rl.train.grpo import GRPOTrainer
 from rl.types import Rollout, RolloutStatus, Segment
 
+MAX_LEN = 2048  # the model's context, as in the RL runs
+
 
 def rollouts(n_tasks: int, group: int, vocab: int, seed: int, scale: float = 1.0) -> list[Rollout]:
     """Synthetic rollouts shaped like the RL runs' (see the module docstring); ``scale`` shrinks
@@ -54,9 +56,11 @@ def rollouts(n_tasks: int, group: int, vocab: int, seed: int, scale: float = 1.0
         for g in range(group):
             segments = [Segment(prompt, sampled=False)]
             for c in range(rng.randint(1, 6)):
-                if c:
-                    segments.append(Segment(toks(rng.randint(20, 200)), sampled=False))
-                ids = toks(rng.randint(30, 192))
+                result, ids = toks(rng.randint(20, 200)) if c else [], toks(rng.randint(30, 192))
+                if sum(len(s.token_ids) for s in segments) + len(result) + len(ids) > MAX_LEN:
+                    break  # the context is full: the session would have stopped
+                if result:
+                    segments.append(Segment(result, sampled=False))
                 segments.append(Segment(ids, sampled=True, logprobs=[-1.0] * len(ids)))
             out.append(Rollout(run_id="bench", iteration=0, task_id=f"t{t}", sample=g,
                                status=RolloutStatus.FINISHED, segments=segments, reward=float(g % 2)))
@@ -77,7 +81,7 @@ def main() -> None:
         args.tasks, args.group, args.rounds = 3, 8, 1
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    cfg = ModelConfig.preset("tiny" if args.quick else "mini", max_seq_len=2048, copy_head=True,
+    cfg = ModelConfig.preset("tiny" if args.quick else "mini", max_seq_len=MAX_LEN, copy_head=True,
                              copy_min_distance=8)
     base = MoETransformer(cfg)
     rows = rollouts(args.tasks, args.group, cfg.vocab_size, args.seed, scale=0.1 if args.quick else 1.0)
