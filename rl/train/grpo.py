@@ -136,13 +136,16 @@ also noted where it happens below):
   ``logprob_diff_*``, ``kl_ref``, the clip fractions, ``loss``, ``moved_tokens``) are means over
   the passes; ``policy_move_max`` and ``grad_norm`` are maxima over all of them.
 * **Micro-batches** — ``micro_batch`` rows per forward, right-padded to the longest. The
-  rows are split into ``minibatches`` blocks in index order (group by group); with
-  ``sort_micro_batches`` (default on) each block's rows are sorted by length before they are cut
-  into micro-batches, so a micro-batch pads little (HF's ``group_by_length``, verl's
-  ``balance_batch`` serve the same end). The rows sharing an optimizer step, and so the policy
-  gradient, are unchanged up to float summation order; the MoE auxiliary loss, computed per
-  forward, sees other row mixes. ``pad_share`` reports the padded share of the positions the
-  forwards computed, ``pad_share_unsorted`` what index order would have padded.
+  rows are cut into micro-batches in index order (group by group), and ``ceil(n_micro /
+  minibatches)`` micro-batches make each optimizer step (:func:`micro_batches`; so there may be
+  fewer steps than ``minibatches``, the last one smaller). With ``sort_micro_batches`` (default
+  on) each step's rows are sorted by length before they are cut, so a micro-batch pads little
+  (HF's ``group_by_length`` and verl's ``balance_batch`` serve the same end). The rows sharing
+  an optimizer step, and so the policy gradient, are unchanged up to float summation order.
+  What does change: the MoE auxiliary loss, computed per forward, sees other row mixes, and the
+  expert counts include padding positions, so ``expert_balance`` and the router-bias update
+  (``router_bias_rate > 0``) count less padding. ``pad_share`` reports the padded share of the
+  positions the forwards computed, ``pad_share_unsorted`` what index order would have padded.
 * **Aggregation** — Dr. GRPO's constant normaliser: the token sum over the
   batch divided by ``n_rows * norm_tokens`` (``n_rows``: rollouts trained on
   in this update, ``norm_tokens``: a config constant, default 1024, the
@@ -297,27 +300,28 @@ def select_rollouts(rollouts: Sequence[Rollout], cfg: GRPOConfig) -> BatchSelect
     return sel
 
 
-def micro_batches(lengths: Sequence[int], size: int, minibatches: int, *, sort: bool) -> list[list[int]]:
-    """Row indices per micro-batch, in training order. The micro-batches are cut as if in index
-    order (``size`` rows each), then taken ``ceil(n_micro / minibatches)`` per optimizer step; with
-    ``sort`` each step's rows are re-cut sorted by ``lengths`` (stable: ties keep index order).
-    A step's set of rows and its number of micro-batches do not depend on ``sort``."""
+def micro_batches(lengths: Sequence[int], size: int, minibatches: int, *, sort: bool) -> list[list[list[int]]]:
+    """Row indices per micro-batch, grouped per optimizer step, in training order: the rows are
+    cut into micro-batches of ``size`` in index order, and ``ceil(n_micro / minibatches)`` of them
+    make one step (so there may be fewer steps than ``minibatches``, the last one smaller). With
+    ``sort`` each step's rows are re-cut sorted by ``lengths`` (stable: ties keep index order). A
+    step's set of rows and its number of micro-batches do not depend on ``sort``."""
     n = len(lengths)
     n_micro = math.ceil(n / size)
     per_step = math.ceil(n_micro / minibatches) * size if n_micro else size
-    out: list[list[int]] = []
+    steps: list[list[list[int]]] = []
     for lo in range(0, n, per_step):
         block = list(range(lo, min(lo + per_step, n)))
         if sort:
             block.sort(key=lambda i: lengths[i])
-        out += [block[i:i + size] for i in range(0, len(block), size)]
-    return out
+        steps.append([block[i:i + size] for i in range(0, len(block), size)])
+    return steps
 
 
-def pad_share(lengths: Sequence[int], chunks: Sequence[Sequence[int]]) -> float:
-    """The share of the positions a forward over ``chunks`` computes (each right-padded to its
-    longest row) that are padding."""
-    computed = sum(len(c) * max(lengths[i] for i in c) for c in chunks)
+def pad_share(lengths: Sequence[int], steps: Sequence[Sequence[Sequence[int]]]) -> float:
+    """The share of the positions the forwards over ``steps`` (:func:`micro_batches`) compute, each
+    micro-batch right-padded to its longest row, that are padding."""
+    computed = sum(len(c) * max(lengths[i] for i in c) for step in steps for c in step)
     return 1.0 - sum(lengths) / computed if computed else 0.0
 
 
@@ -548,11 +552,16 @@ class GRPOTrainer:
                                                    mask_positive=cfg.no_reinforce_malformed and not penalise)
         metrics |= credit
         lengths = [len(r.token_ids) for r, _ in sel.rows]
-        chunks = micro_batches(lengths, cfg.micro_batch, cfg.minibatches, sort=cfg.sort_micro_batches)
-        metrics |= {"pad_share": pad_share(lengths, chunks), "pad_share_unsorted":
+        cut = micro_batches(lengths, cfg.micro_batch, cfg.minibatches, sort=cfg.sort_micro_batches)
+        metrics |= {"pad_share": pad_share(lengths, cut), "pad_share_unsorted":
                     pad_share(lengths, micro_batches(lengths, cfg.micro_batch, cfg.minibatches, sort=False))}
+        # each optimizer step's micro-batches, as positions in ``batches``
+        step_batches, n_batches = [], 0
+        for step_rows in cut:
+            step_batches.append(range(n_batches, n_batches + len(step_rows)))
+            n_batches += len(step_rows)
         batches = []
-        for c in chunks:
+        for c in (c for step_rows in cut for c in step_rows):
             b = token_tensors([sel.rows[i][0] for i in c], self.pad_id, max_len=model.cfg.max_seq_len,
                               with_routes=cfg.routing_replay, drop=[drop[i] for i in c])
             b["adv"] = torch.tensor([sel.rows[i][1] for i in c])
@@ -572,12 +581,12 @@ class GRPOTrainer:
                     old_copy[j], old_routes[j] = copy_share(o, b["input_ids"]), o.routes
         acc: dict[str, float] = defaultdict(float)
         n_tok = float(sum(b["mask"].sum() for b in batches))
-        counts = None
-        per_mb = math.ceil(len(batches) / cfg.minibatches)
-        steps = [(e, m) for e in range(cfg.epochs) for m in range(0, len(batches), per_mb)]
-        for epoch, m in steps:
+        counts = None  # expert counts over the whole update (the metric)
+        steps = [(e, m, js) for e in range(cfg.epochs) for m, js in enumerate(step_batches)]
+        for epoch, m, js in steps:
             self.optimizer.zero_grad(set_to_none=True)
-            for j in range(m, min(m + per_mb, len(batches))):
+            step_counts = None  # this optimizer step's (the router-bias update)
+            for j in js:
                 b = batches[j]
                 out = self._forward(model, b, return_routes=old_routes[j] is not None)
                 logp_all = torch.log_softmax(out.logits[:, :-1] / self.temperature, dim=-1)
@@ -648,12 +657,13 @@ class GRPOTrainer:
                         acc[k] += float(v)
                     c = out.expert_counts.detach()
                     counts = c if counts is None else counts + c
+                    step_counts = c if step_counts is None else step_counts + c
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
             acc["grad_norm"] = max(acc["grad_norm"], float(grad_norm))
             acc["lr"] = self._warmup()
             self.optimizer.step()
-            if counts is not None:
-                model.update_router_bias(counts)
+            if step_counts is not None:
+                model.update_router_bias(step_counts)
         model.eval()
         if cfg.epochs > 1:  # sums over every pass: per-pass means (maxima stay maxima)
             for k in ("loss", "aux_loss", "entropy_sum", "abs_delta_sum", "kl_sampler_sum", "kl_ref_sum",

@@ -217,17 +217,23 @@ def test_kl_term_is_zero_at_the_start_and_grows_per_token_after_a_step() -> None
 def test_micro_batches_sort_rows_by_length_inside_each_optimizer_step_only() -> None:
     lengths = [9, 2, 8, 3, 7, 1, 6, 5, 4]
     plain = micro_batches(lengths, 2, 2, sort=False)
-    assert plain == [[0, 1], [2, 3], [4, 5], [6, 7], [8]]
-    # 5 micro-batches over 2 steps: 3 per step (rows 0-5, then 6-8), each step's rows re-cut by length
-    assert micro_batches(lengths, 2, 2, sort=True) == [[5, 1], [3, 4], [2, 0], [8, 7], [6]]
-    for size, steps in [(1, 1), (2, 3), (4, 4), (3, 2), (4, 1)]:
-        a, b = micro_batches(lengths, size, steps, sort=False), micro_batches(lengths, size, steps, sort=True)
-        assert len(a) == len(b)
-        per = math.ceil(len(a) / steps)
-        for m in range(0, len(a), per):  # the same rows share each optimizer step
-            assert sorted(i for c in a[m:m + per] for i in c) == sorted(i for c in b[m:m + per] for i in c)
-    assert pad_share([4, 4], [[0, 1]]) == 0.0
-    assert pad_share([1, 3], [[0, 1]]) == pytest.approx(1 - 4 / 6)
+    # 5 micro-batches over 2 steps: 3 per step (rows 0-5, then 6-8)
+    assert plain == [[[0, 1], [2, 3], [4, 5]], [[6, 7], [8]]]
+    assert micro_batches(lengths, 2, 2, sort=True) == [[[5, 1], [3, 4], [2, 0]], [[8, 7], [6]]]
+    # more steps asked than micro-batches: one micro-batch per step; fewer rows than a micro-batch: one
+    assert micro_batches(lengths[:3], 2, 5, sort=True) == [[[1, 0]], [[2]]]
+    assert micro_batches(lengths[:1], 4, 4, sort=True) == [[[0]]] and micro_batches([], 4, 4, sort=True) == []
+    for n in range(0, 12):
+        for size in (1, 2, 3, 4):
+            for steps in (1, 2, 3, 4, 5):
+                a, b = micro_batches(lengths[:n] + [0] * max(0, n - 9), size, steps, sort=False), \
+                    micro_batches(lengths[:n] + [0] * max(0, n - 9), size, steps, sort=True)
+                assert [i for st in a for c in st for i in c] == list(range(n))  # index order, every row once
+                assert [len(st) for st in a] == [len(st) for st in b] and len(a) <= steps
+                for sa, sb in zip(a, b, strict=True):  # the same rows share each optimizer step
+                    assert sorted(i for c in sa for i in c) == sorted(i for c in sb for i in c)
+    assert pad_share([4, 4], [[[0, 1]]]) == 0.0
+    assert pad_share([1, 3], [[[0, 1]]]) == pytest.approx(1 - 4 / 6)
     assert pad_share(lengths, micro_batches(lengths, 2, 2, sort=True)) < pad_share(lengths, plain)
 
 
@@ -263,15 +269,31 @@ def test_sorted_micro_batches_train_the_same_policy_with_less_padding() -> None:
 
 def test_the_reference_scores_each_batch_once_however_many_passes() -> None:
     model = tiny_model()
-    rs = [rollout(model, [1, 2], [[3 + i, 4, 9]], sample=i, reward=float(i % 2)) for i in range(4)]
-    trainer = GRPOTrainer(model, GRPOConfig(kl_coef=0.1, minibatches=2, micro_batch=1, epochs=2), pad_id=0, lr=5e-2)
+    # rows of different lengths: a cached reference row used for another row would not even fit
+    rs = [rollout(model, [1, 2], [[3 + i, 4, 9][: 1 + i % 3] + [7] * i], sample=i, reward=float(i % 2))
+          for i in range(4)]
+    cfg = GRPOConfig(kl_coef=0.1, minibatches=2, micro_batch=1, epochs=2, sort_micro_batches=False)
+    trainer = GRPOTrainer(model, cfg, pad_id=0, lr=5e-2)
     calls = []
     forward = trainer.reference.forward
-    trainer.reference.forward = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    trainer.reference.forward = lambda *a, **k: calls.append(a[0].shape) or forward(*a, **k)
     m = trainer.step(rs)
     assert len(calls) == 4  # four micro-batches, two passes: one forward each
+    assert sorted(calls) == sorted(torch.Size([1, len(r.token_ids)]) for r in rs)
     # reused, not stale: scored after the first steps, the policy has left the reference
     assert trainer.optimizer_steps == 4 and 0.0 < m["kl_ref"] <= m["kl_ref_token_max"]
+
+
+def test_the_router_bias_moves_by_each_optimizer_steps_own_expert_counts() -> None:
+    rs = [rollout(None, [1, 2], [[3 + i, 4, 9]], sample=i, reward=float(i % 2)) for i in range(4)]
+    seen = []
+    model = tiny_model(router_bias_rate=0.01)
+    model.update_router_bias = lambda counts: seen.append(counts.clone())
+    GRPOTrainer(model, GRPOConfig(minibatches=2, micro_batch=1), pad_id=0, lr=1e-2).step(rs)
+    assert len(seen) == 2
+    # each step forwards two 5-token rows through top-k routing: its own counts, not a running total
+    per_step = 2 * len(rs[0].token_ids) * model.cfg.top_k
+    assert [float(c[0].sum()) for c in seen] == [per_step, per_step]
 
 
 def test_k2_kl_pulls_a_fallen_token_back_linearly_where_k3_pulls_exponentially() -> None:
