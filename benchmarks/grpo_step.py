@@ -13,10 +13,13 @@ micro-batches, i.e. more than 16 rows. Not measured here: how
 padded a real run's micro-batches are — the trainer reports that itself (``pad_share`` and
 ``pad_share_unsorted`` in the run's metrics).
 
-The two arms train copies of one model on the same rollouts, alternating each round so both
-see the same machine load. Reported: median seconds per update per arm, ``speedup`` (index
-order / sorted, from the same run), and both arms' ``pad_share`` (the padded share of the
-positions the forwards computed).
+The two arms train copies of one model on the same rollouts. Each arm first takes one
+untimed update (the process's first-call costs), then the arms alternate A B, B A, ... so
+neither always goes first. Reported: seconds per update per arm (median over ``--rounds``),
+``speedup`` (index order / sorted), each round's ratio (``round_ratios``: the pair within a
+round saw about the same machine load; their spread is the noise), and both arms'
+``pad_share`` (the padded share of the positions the forwards computed; ``1 -
+pad_share`` ratios bound what sorting can save when the cost is per position).
 
 Usage: python benchmarks/grpo_step.py [--quick] [--tasks N] [--group N] [--epochs N] [--rounds N] [--threads N]
 """
@@ -73,7 +76,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=4)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2, help="torch threads (the RL driver uses the default: cores)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -91,17 +94,17 @@ def main() -> None:
                           kl_coef=0.05, kl_estimator="k2", sort_micro_batches=sort)
         arms[name] = GRPOTrainer(copy.deepcopy(base), grpo, pad_id=0, lr=5e-4)
     times: dict[str, list[float]] = {name: [] for name in arms}
-    pads: dict[str, float] = {}
-    for _ in range(args.rounds):
-        for name, trainer in arms.items():
+    pads = {name: trainer.step(rows)["pad_share"] for name, trainer in arms.items()}  # warm-up, untimed
+    for r in range(args.rounds):
+        for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
             t0 = time.perf_counter()
-            m = trainer.step(rows)
+            arms[name].step(rows)
             times[name].append(time.perf_counter() - t0)
-            pads[name] = m["pad_share"]
     med = {name: statistics.median(ts) for name, ts in times.items()}
     lengths = [len(r.token_ids) for r in rows]
     write_result("grpo_step_quick" if args.quick else "grpo_step", {
         "config": {"preset": "tiny" if args.quick else "mini", "copy_head": True, "tasks": args.tasks,
+                   "warmup_updates_per_arm": 1,
                    "group": args.group, "rows": len(rows), "epochs": args.epochs, "micro_batch": 4, "minibatches": 4,
                    "kl": "k2 0.05", "rounds": args.rounds, "threads": args.threads, "seed": args.seed},
         "row_tokens": {"min": min(lengths), "median": statistics.median(lengths), "max": max(lengths)},
@@ -109,6 +112,7 @@ def main() -> None:
         "all_seconds": {name: [round(t, 3) for t in ts] for name, ts in times.items()},
         "pad_share": {name: round(v, 4) for name, v in pads.items()},
         "speedup": round(med["index_order"] / med["sorted"], 3),
+        "round_ratios": [round(a / b, 3) for a, b in zip(times["index_order"], times["sorted"], strict=True)],
     })
 
 

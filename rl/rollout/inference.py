@@ -90,6 +90,11 @@ class InferenceServer:
     def weights_version(self) -> int:
         return self.engine.weights_version
 
+    def settings(self) -> dict[str, Any]:
+        """What this actor serves with: slots, prefix cache, and how the model reads its KV cache."""
+        return {"max_slots": self.engine.max_slots, "prefix_cache": self.engine.prefix_cache,
+                "slot_view_spread": self.engine.model.slot_view_spread}
+
     def stats(self) -> dict[str, int]:
         return asdict(self.engine.stats)
 

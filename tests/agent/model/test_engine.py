@@ -271,6 +271,39 @@ async def test_same_seed_same_sample_whatever_the_batch(engine: Engine, tok) -> 
     assert different.token_ids != alone.token_ids
 
 
+async def test_rows_that_finish_out_of_order_read_the_cache_as_a_view_with_spare_rows(tok, monkeypatch) -> None:
+    """Requests of different lengths leave busy slots scattered; the view over their range (spare
+    rows dropped) samples the same tokens as gathering them."""
+    from agent.model import slot_rows
+
+    layouts = []
+    real = slot_rows.SlotRows.of.__func__
+
+    def spy(cls, slots, *, max_spread=2.0):
+        rows = real(cls, slots, max_spread=max_spread)
+        layouts.append((rows.span is not None, rows.index is not None))
+        return rows
+
+    monkeypatch.setattr(slot_rows.SlotRows, "of", classmethod(spy))
+    reqs = [GenerationRequest(tok.encode(f"x{i} = {i}"), max_tokens=n, seed=i)
+            for i, n in enumerate([3, 20, 5, 20, 8, 20])]
+    out = {}
+    for spread in (2.0, 0.0):
+        model = tiny_model(tok, ends=())  # every request runs to its max_tokens
+        model.slot_view_spread = spread
+        engine = Engine(model, tok, max_slots=8)
+        await engine.start()
+        try:
+            out[spread] = [c.token_ids for c in await asyncio.gather(*(engine.complete(r) for r in reqs))]
+        finally:
+            await engine.stop()
+        if spread:
+            assert (True, True) in layouts  # a view with spare rows was read (slots 1, 3, 5 busy)
+            layouts.clear()
+    assert all(span is False for span, _ in layouts)  # spread 0: every read gathered
+    assert out[2.0] == out[0.0] and [len(t) for t in out[2.0]] == [3, 20, 5, 20, 8, 20]
+
+
 async def test_stop_sequence_spanning_tokens_ends_the_sequence(engine: Engine, tok) -> None:
     prompt = tok.encode("def main():")
     full = await engine.complete(GenerationRequest(prompt, max_tokens=40, temperature=0))

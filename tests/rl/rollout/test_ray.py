@@ -97,11 +97,14 @@ def test_the_actor_samples_the_same_tokens_reading_its_cache_by_gather_or_as_a_v
     torch.manual_seed(0)
     model = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=1024))
     ckpt = save_checkpoint(tmp_path / "ckpt", model, tok, step=0, profile=COMPACT_PROFILE)
-    requests = [GenerationRequest(prompt_ids=tok.encode(f"request {i} " * (1 + i)), max_tokens=24, seed=i)
-                for i in range(6)]
+    # different lengths, so rows finish out of order and the busy slots scatter (the engine's own
+    # test, tests/agent/model/test_engine.py, checks that such steps read a view with spare rows)
+    requests = [GenerationRequest(prompt_ids=tok.encode(f"request {i} " * (1 + i)), max_tokens=n, seed=i)
+                for i, n in enumerate([4, 24, 6, 24, 9, 24])]
 
     def sample(spread: float) -> list[list[int]]:
         inference = start_inference(ckpt, max_slots=8, num_cpus=0.5, threads=1, slot_view_spread=spread)
+        assert ray.get(inference.settings.remote())["slot_view_spread"] == spread  # the override reached the model
         completer = ActorCompleter(inference)
 
         async def all_at_once():
