@@ -3,24 +3,18 @@ micro-batches pad less than index order on the same rollouts."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.bench_module import run_benchmark
+
 pytestmark = [pytest.mark.benchmark_smoke, pytest.mark.timeout(180)]
 
 
 def test_grpo_step_quick_times_both_arms(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "grpo_step.py"), "--quick"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=170,
-                          env={**os.environ, "FLYWHEEL_BENCH_RESULTS": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "grpo_step_quick.json").read_text())
+    result = run_benchmark("grpo_step", "--quick", results=tmp_path, timeout=170)
+    assert result["benchmark"] == "grpo_step_quick"
     assert result["config"]["rows"] == 24
     assert all(v > 0 for v in result["seconds_per_update"].values())
     pad = result["pad_share"]

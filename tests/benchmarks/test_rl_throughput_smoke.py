@@ -3,25 +3,18 @@ prefix cache saves prefill, and the KV-cache read comparison (view vs gather) is
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.bench_module import run_benchmark
+
 pytestmark = [pytest.mark.benchmark_smoke, pytest.mark.timeout(420)]
 
 
 def test_rl_throughput_small_reports_every_arm(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "rl_throughput.py"), "--tasks", "2",
-                           "--group", "2", "--max-steps", "2", "--max-tokens", "8", "--name", "rl_throughput_smoke"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=400,
-                          env={**os.environ, "FLYWHEEL_BENCH_RESULTS": str(tmp_path)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads((tmp_path / "rl_throughput_smoke.json").read_text())
+    result = run_benchmark("rl_throughput", "--tasks", "2", "--group", "2", "--max-steps", "2", "--max-tokens", "8",
+                           "--name", "rl_throughput_smoke", results=tmp_path, timeout=400)
     runs = result["runs"]
     assert [(r["workers"], r["prefix_cache"], r["slot_view_spread"]) for r in runs] == [
         (1, True, None), (2, True, None), (2, True, 0.0), (2, True, None), (2, False, None)]
