@@ -297,7 +297,8 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
                  "neg_adv_scale": args.neg_adv_scale, "lr_warmup_steps": args.lr_warmup_steps,
                  "no_reinforce_malformed": args.no_reinforce_malformed,
                  "malformed_call_adv": args.malformed_call_adv, "length_coef": args.length_coef,
-                 "length_scope": args.length_scope},
+                 "length_scope": args.length_scope, "replay_tasks": args.replay_tasks,
+                 "replay_limit": args.replay_limit},
         "limits": {"max_model_calls": args.max_model_calls,
                    "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
         "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens, "temperature": args.temperature},
@@ -424,6 +425,10 @@ def main() -> None:
                     help="grpo.dynamic_sampling (DAPO): train only on groups whose success varies, drawing more "
                          "tasks (at most --max-draws draws) until --tasks-per-iteration such groups")
     ap.add_argument("--max-draws", type=int, default=4, help="grpo.max_draws")
+    ap.add_argument("--replay-tasks", type=int, default=0,
+                    help="grpo.replay_tasks (rl.train.replay): up to this many of each draw's tasks are last "
+                         "iteration's success-varied tasks, drawn again (0: off)")
+    ap.add_argument("--replay-limit", type=int, default=2, help="grpo.replay_limit: replays in a row per task")
     ap.add_argument("--kl-coef", type=float, default=0.0,
                     help="grpo.kl_coef: k3 KL to the start's policy (default 0: none, as DAPO/Dr. GRPO)")
     ap.add_argument("--kl-estimator", choices=("k3", "k2"), default="k3",
@@ -591,6 +596,8 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "malformed_call_adv": args.malformed_call_adv,
                                                                  "length_coef": args.length_coef,
                                                                  "length_scope": args.length_scope,
+                                                                 "replay_tasks": args.replay_tasks,
+                                                                 "replay_limit": args.replay_limit,
                                                                  "temperature": args.temperature},
               # --start: the recipe the adopted start was built with (its DAgger rounds, shell share, ...)
               "start_recipe": json.loads((args.start / "start.json").read_text())

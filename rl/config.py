@@ -96,6 +96,10 @@ class GRPOConfig(_Section):
     # rewards differ (the shaping terms alone included)
     dynamic_sampling: Literal["off", "success"] = "off"
     max_draws: int = Field(4, ge=1)
+    # frontier replay (rl.train.replay): up to this many of each draw's tasks are tasks whose last
+    # group was success-varied, drawn again; 0 = every task fresh from the order (the papers' default)
+    replay_tasks: int = Field(0, ge=0)
+    replay_limit: int = Field(2, ge=1)  # replays in a row before a task must come fresh again
 
 
 class LimitsConfig(_Section):
@@ -205,6 +209,9 @@ class RunConfig(_Section):
             ModelConfig.preset(self.model.preset)
         except ValueError as exc:
             raise ValueError(f"model.preset: {exc}") from None
+        if self.grpo.replay_tasks >= self.tasks_per_iteration:
+            raise ValueError(f"grpo.replay_tasks: {self.grpo.replay_tasks} must be below tasks_per_iteration "
+                             f"({self.tasks_per_iteration}), so every draw takes some fresh tasks")
         return self
 
 

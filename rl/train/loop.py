@@ -24,6 +24,10 @@ full (``max_num_gen_batches`` caps it in verl); we cap by ``max_draws`` and trai
 have, so an iteration may train on fewer groups (``groups_success_varied`` says how many) or on
 none. Every drawn rollout is logged and counted in the iteration's success metrics.
 
+Frontier replay (``grpo.replay_tasks`` > 0, :mod:`rl.train.replay`): each draw takes up to that
+many tasks whose last group was success-varied before any fresh ones; fresh ones skip the tasks
+already drawn in the iteration (they still use up their place in the order).
+
 Resume: with ``resume=True`` the loop continues from ``OUT/checkpoints/latest``
 (weights, optimizer, RNG, iteration, weights version, task order); a run killed between
 iterations and resumed gives the same next iteration as one that was not
@@ -36,13 +40,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from rl.config import RunConfig
 from rl.train.metrics import append_metrics, plot_metrics, read_metrics, rollout_metrics
+from rl.train.replay import FrontierReplay
 from rl.types import Rollout
 
 __all__ = ["LoopResult", "RolloutSource", "next_tasks", "run_loop", "success_varied_groups"]
@@ -71,10 +76,14 @@ class LoopResult:
 
 
 def next_tasks(task_ids: Sequence[str], n: int, *, seed: int, order: list[str], pos: int, epoch: int,
-               ) -> tuple[list[str], list[str], int, int]:
-    """The next ``n`` tasks and the new ``(order, pos, epoch)`` (see the module docstring)."""
+               exclude: Collection[str] = ()) -> tuple[list[str], list[str], int, int]:
+    """The next ``n`` tasks and the new ``(order, pos, epoch)`` (see the module docstring).
+    ``exclude``: ids passed over (they still use up their place in the order); when fewer than
+    ``n`` other ids exist, fewer are returned rather than any twice."""
     if not task_ids:
         raise ValueError("the task set is empty: nothing to train on")
+    if exclude:
+        n = min(n, len(set(task_ids) - set(exclude)))
     picked: list[str] = []
     while len(picked) < n:
         if not order or pos >= len(order):
@@ -83,6 +92,11 @@ def next_tasks(task_ids: Sequence[str], n: int, *, seed: int, order: list[str], 
             order = sorted(task_ids)
             random.Random(seed + epoch).shuffle(order)
             pos = 0
+        if exclude:
+            if order[pos] not in exclude and order[pos] not in picked:
+                picked.append(order[pos])
+            pos += 1
+            continue
         take = min(n - len(picked), len(order) - pos)
         picked += order[pos: pos + take]
         pos += take
@@ -148,25 +162,38 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
         records.append(start)
         if progress is not None:
             progress(start)
+    replay = FrontierReplay.from_state(state.extra.get("replay"), limit=cfg.grpo.replay_limit)
+
+    def draw(drawn: list[str]) -> tuple[list[str], list[str]]:
+        """The next draw's tasks (replayed first, then fresh ones from the order) and the replayed."""
+        again = replay.take(cfg.grpo.replay_tasks, exclude=drawn) if cfg.grpo.replay_tasks else []
+        fresh, state.task_order, state.task_pos, state.epoch = next_tasks(
+            task_ids, cfg.tasks_per_iteration - len(again), seed=cfg.seed, order=state.task_order,
+            pos=state.task_pos, epoch=state.epoch, exclude=[*drawn, *again] if cfg.grpo.replay_tasks else ())
+        return again + fresh, again
+
     while state.iteration < cfg.iterations and (stop_after is None or done_now < stop_after):
-        tasks, state.task_order, state.task_pos, state.epoch = next_tasks(
-            task_ids, cfg.tasks_per_iteration, seed=cfg.seed, order=state.task_order, pos=state.task_pos,
-            epoch=state.epoch)
+        tasks, replayed = draw([])
         t0 = time.perf_counter()
         rollouts = source.collect(tasks, iteration=state.iteration, group_size=cfg.grpo.group_size)
         train_on, draws, varied = rollouts, 1, []
         if cfg.grpo.dynamic_sampling == "success":
             while len(success_varied_groups(rollouts)) < cfg.tasks_per_iteration and draws < cfg.grpo.max_draws:
-                more, state.task_order, state.task_pos, state.epoch = next_tasks(
-                    task_ids, cfg.tasks_per_iteration, seed=cfg.seed, order=state.task_order, pos=state.task_pos,
-                    epoch=state.epoch)
+                more, again = draw(tasks)
+                if not more:
+                    break
                 rollouts = rollouts + source.collect(more, iteration=state.iteration, group_size=cfg.grpo.group_size,
                                                      seed_offset=draws * 1_000)
                 tasks += more
+                replayed += again
                 draws += 1
             varied = success_varied_groups(rollouts)
             kept = set(varied[: cfg.tasks_per_iteration])
             train_on = [r for r in rollouts if r.task_id in kept]
+        if cfg.grpo.replay_tasks:
+            now_varied = set(varied) if cfg.grpo.dynamic_sampling == "success" else set(success_varied_groups(rollouts))
+            replay.update(tasks, now_varied)
+            state.extra["replay"] = replay.to_state()
         t1 = time.perf_counter()
         stale = [r for r in rollouts if r.weights_version != state.weights_version]
         if stale:
@@ -176,6 +203,10 @@ def run_loop(cfg: RunConfig, *, model: Any, tokenizer: Any, profile: Any, task_i
         train_m = trainer.step(train_on)
         if cfg.grpo.dynamic_sampling != "off":
             train_m |= {"draws": float(draws), "groups_success_varied": float(len(varied))}
+        if cfg.grpo.replay_tasks:
+            train_m |= {"replayed_tasks": float(len(replayed)),
+                        "replayed_varied": float(sum(t in now_varied for t in replayed)),
+                        "replay_buffer": float(len(replay.entries))}
         t2 = time.perf_counter()
         state.iteration += 1
         done_now += 1

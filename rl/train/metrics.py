@@ -61,6 +61,8 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("held-out pass@1 by task family", ("heldout_pass_at_1_*",)),  # whichever families the split has
     ("training success by task family", ("success_rate_*",)),
     ("mean reward", ("mean_reward",)),
+    ("groups with success varied; replayed tasks (dynamic sampling, frontier replay)",
+     ("groups_success_varied", "replayed_tasks", "replayed_varied")),
     ("tokens per solved task", ("tokens_per_solved", "heldout_tokens_per_solved")),
     ("held-out tokens per solved task by family", ("heldout_tokens_per_solved_*",)),  # families with a solution
     ("share of solved rollouts solved by a command (no edit_file)", ("solved_by_command_share",

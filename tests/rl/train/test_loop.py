@@ -215,3 +215,59 @@ def test_without_dynamic_sampling_shaping_only_groups_are_trained_on(tmp_path: P
     rec = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert len(source.calls) == 1 and rec["n_rollouts"] == 8 and "draws" not in rec
     assert rec["n_groups_zero_std"] == 0 and rec["stepped"] == 1.0  # no success anywhere, yet an update
+
+
+def _replay_run(out: Path, tok: Tokenizer, *, stop_after: int | None = None,
+                scramble: bool = False) -> tuple[Any, OutcomeSource]:
+    source = OutcomeSource(tok.vocab_size)
+    cfg = RunConfig.model_validate({"out_dir": str(out), "iterations": 6, "tasks_per_iteration": 2,
+                                    "lr": 1e-2, "seed": 0, "grpo": {"group_size": 4, "norm_tokens": 4,
+                                                                    "replay_tasks": 1, "replay_limit": 2}})
+    model = tiny_model(seed=1, vocab_size=tok.vocab_size)
+    if scramble:
+        torch.manual_seed(12345)
+    ids = ["mixed0", "mixed1", *(f"hard{i}" for i in range(6))]
+    run_loop(cfg, model=model, tokenizer=tok, profile=profile_named("compact"), task_ids=ids, source=source,
+             stop_after=stop_after)
+    return model, source
+
+
+def test_frontier_replay_draws_varied_tasks_again_up_to_the_limit(tmp_path: Path, tok: Tokenizer) -> None:
+    _, source = _replay_run(tmp_path, tok)
+    draws = [tasks for tasks, _ in source.calls]
+    recs = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(draws) == 6 and all(len(d) == 2 and len(set(d)) == 2 for d in draws)
+    for i in range(1, 6):
+        before = [t for t in draws[i - 1] if t.startswith("mixed")]
+        streak = 1  # how many iterations in a row before[0] has been drawn, ending at i - 1
+        while before and i - 1 - streak >= 0 and before[0] in draws[i - 1 - streak]:
+            streak += 1
+        if before and streak <= 2:  # drawn fresh, or replayed fewer than 2 times: it comes back first
+            assert draws[i][0] in before, (i, draws)
+            assert recs[i]["replayed_tasks"] == 1 and recs[i]["replayed_varied"] == 1
+        # nothing is drawn more than 1 + replay_limit iterations in a row
+        for t in draws[i]:
+            assert sum(t in draws[j] for j in range(max(0, i - 3), i + 1)) <= 3
+    assert sum(r["replayed_tasks"] for r in recs) >= 2  # the mixed tasks come first in the order often enough
+
+
+def test_a_resumed_run_replays_what_the_uninterrupted_one_would(tmp_path: Path, tok: Tokenizer) -> None:
+    straight, a = _replay_run(tmp_path / "a", tok)
+    _replay_run(tmp_path / "b", tok, stop_after=3)  # killed after iteration 3, buffer non-empty
+    resumed, b = _replay_run(tmp_path / "b", tok, scramble=True)
+    assert [t for t, _ in a.calls[3:]] == [t for t, _ in b.calls]
+    sa, sb = straight.state_dict(), resumed.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_replay_must_leave_room_for_fresh_tasks() -> None:
+    with pytest.raises(Exception, match="replay_tasks: 2 must be below tasks_per_iteration"):
+        RunConfig.model_validate({"tasks_per_iteration": 2, "grpo": {"replay_tasks": 2}})
+
+
+def test_next_tasks_passes_over_excluded_ids_without_repeating_any() -> None:
+    ids = ["a", "b", "c", "d"]
+    picked, order, pos, _ = next_tasks(ids, 3, seed=0, order=[], pos=0, epoch=0, exclude={"a"})
+    assert len(picked) == 3 and picked == [t for t in order[:pos] if t != "a"]  # "a" still used its place
+    few, *_ = next_tasks(ids, 4, seed=0, order=order, pos=pos, epoch=0, exclude={"a", "b", "c"})
+    assert few == ["d"]  # fewer than asked rather than "d" twice
