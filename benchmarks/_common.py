@@ -75,3 +75,36 @@ def simple_cli(doc: str | None, argv: list[str] | None = None) -> argparse.Names
     parser = argparse.ArgumentParser(description=(doc or "").strip() or None,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     return parser.parse_args(argv)
+
+
+def recorded_demos(checkpoint: Path, tasks_file: Path, split: str, *, max_tasks: int, seed: int,
+                   families: list[str] | None = None, **demo_kw: object) -> tuple[object, object, object, int]:
+    """For the teacher-forced probes: ``(model, tokenizer, DemoSet, tasks)`` — the checkpoint (eval mode,
+    one thread) and scripted demonstrations of the first ``max_tasks`` tasks of ``split`` (of
+    ``families``, when given), recorded through the production runtime on a temporary store that is
+    removed afterwards; ``tasks`` counts the tasks drawn. ``demo_kw`` goes to ``rl.train.demos.record_task_demos``."""
+    import tempfile
+
+    import torch
+
+    from agent.model.checkpoint import load_checkpoint, load_profile
+    from rl.rollout.driver import load_split
+    from rl.train.demos import record_task_demos
+    from rl.types import Split
+    from tools.sandbox import make_sandbox
+    from tools.workspace import WorkspaceStore, remove_store
+
+    torch.set_num_threads(1)
+    model, tok = load_checkpoint(checkpoint)
+    model.eval()
+    tasks = [t for t in load_split(tasks_file, Split(split)) if not families or t.family in families][:max_tasks]
+    if not tasks:
+        raise SystemExit(f"no {split} tasks{f' of families {families}' if families else ''} in {tasks_file}")
+    tmp = tempfile.mkdtemp(prefix="probe-demos-")
+    try:
+        demos = record_task_demos(tasks, tok, profile=load_profile(checkpoint), sandbox=make_sandbox(),
+                                  store=WorkspaceStore(Path(tmp) / "s"), max_len=model.cfg.max_seq_len,
+                                  seed=seed, **demo_kw)  # type: ignore[arg-type]
+    finally:
+        remove_store(tmp)
+    return model, tok, demos, len(tasks)

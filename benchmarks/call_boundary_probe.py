@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import _common  # noqa: F401  (repo on sys.path)
-from _common import write_result
+from _common import recorded_demos, write_result
 
 
 def boundary_probs(model: Any, tok: Any, examples: list[Any]) -> dict[str, list[tuple[float, float]]]:
@@ -70,33 +69,15 @@ def main() -> None:
     ap.add_argument("--name", default="call_boundary_probe")
     args = ap.parse_args()
 
-    import torch
-
-    from agent.model.checkpoint import load_checkpoint, load_profile
-    from rl.rollout.driver import load_split
-    from rl.train.demos import record_task_demos
-    from rl.types import Split
-    from tools.sandbox import make_sandbox
-    from tools.workspace import WorkspaceStore, remove_store
-
-    torch.set_num_threads(1)
-    model, tok = load_checkpoint(args.checkpoint)
-    model.eval()
-    tasks = load_split(args.tasks, Split(args.split))[: args.max_tasks]
-    tmp = tempfile.mkdtemp(prefix="call-boundary-")
-    try:
-        demos = record_task_demos(tasks, tok, profile=load_profile(args.checkpoint), sandbox=make_sandbox(),
-                                  store=WorkspaceStore(Path(tmp) / "s"), max_len=model.cfg.max_seq_len,
-                                  per_task=args.demos_per_task, seed=args.seed)
-        probs = boundary_probs(model, tok, demos.examples)
-    finally:
-        remove_store(tmp)
+    model, tok, demos, n_tasks = recorded_demos(args.checkpoint, args.tasks, args.split, max_tasks=args.max_tasks,
+                                                seed=args.seed, per_task=args.demos_per_task)
+    probs = boundary_probs(model, tok, demos.examples)
     groups = {k: {"n": len(v),
                   "p_close_mean": statistics.fmean(a for a, _ in v), "p_close_max": max(a for a, _ in v),
                   "p_param_mean": statistics.fmean(b for _, b in v), "p_param_min": min(b for _, b in v)}
               for k, v in sorted(probs.items())}
     write_result(args.name, {"checkpoint": str(args.checkpoint), "tasks_file": str(args.tasks), "split": args.split,
-                             "tasks": len(tasks), "demonstrations": len(demos.examples), "boundaries": groups})
+                             "tasks": n_tasks, "demonstrations": len(demos.examples), "boundaries": groups})
 
 
 if __name__ == "__main__":

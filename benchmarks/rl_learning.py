@@ -136,6 +136,7 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         "lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": args.sft_steps, "eval_every": 50,
         "patience": args.sft_patience, "demos_per_task": 1, "renamings": args.sft_renamings,
         "edit_context": args.sft_edit_context, "copy_weight": args.sft_copy_weight,
+        "exit_weight": args.sft_exit_weight,
         "shell_share": args.sft_shell_share, "narration": args.sft_narration}}))
     rc = _cmd_sft(argparse.Namespace(tasks=tasks_file, init=init, out=sft, config=root / "sft.json",
                                      seed=sft_seed))
@@ -192,7 +193,7 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
         "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
         "preset": args.preset, "copy_head": args.copy_head, "tasks_sha256": _sha256(root / "tasks.jsonl"),
         "dagger_rounds": args.dagger_rounds, "sft_shell_share": args.sft_shell_share,
-        "sft_narration": args.sft_narration,
+        "sft_narration": args.sft_narration, "sft_exit_weight": args.sft_exit_weight,
         "pretrain_sources": list(getattr(args, "pretrain_sources", ["stdlib", "site-packages"])),
         # the pretraining corpus (agent.model.corpus: the stdlib and the installed packages' sources, so
         # another environment's package versions give another corpus under the same seeds); None when
@@ -222,8 +223,8 @@ def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
     if not (start / "start.json").is_file() or not (start / "sft" / "model.safetensors").is_file():
         raise SystemExit(f"--start {start}: not a --save-start directory (it needs start.json and sft/)")
     recipe = json.loads((start / "start.json").read_text())
-    defaults = {"copy_head": False, "sft_narration": 0}  # starts saved before these keys existed
-    for key in ("n_train", "n_heldout", "data_seed", "preset", "copy_head", "sft_narration"):
+    defaults = {"copy_head": False, "sft_narration": 0, "sft_exit_weight": 1.0}  # starts saved before these keys
+    for key in ("n_train", "n_heldout", "data_seed", "preset", "copy_head", "sft_narration", "sft_exit_weight"):
         if getattr(args, key) != recipe.get(key, defaults.get(key)):
             built = recipe.get(key, defaults.get(key))
             raise SystemExit(f"--start {start}: it was built with {key}={built!r}, this run has "
@@ -260,6 +261,7 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
             "sft": {"lr": args.sft_lr, "batch": 4, "max_epochs": 1000, "max_steps": 0, "eval_every": 50,
                     "patience": args.sft_patience, "demos_per_task": 1, "renamings": args.sft_renamings,
                     "edit_context": args.sft_edit_context, "copy_weight": args.sft_copy_weight,
+                    "exit_weight": args.sft_exit_weight,
                     "shell_share": args.sft_shell_share, "narration": args.sft_narration,
                     "dagger_rounds": args.dagger_rounds,
                     "dagger_tasks": args.dagger_tasks, "dagger_heldout_tasks": 64,
@@ -476,6 +478,8 @@ def main() -> None:
                     help="SFT evaluations (every 50 steps) without a new best before stopping; the copying "
                          "plateau lasts ~1,000 steps (docs/rl/README.md, sixth run), so 4 stopped inside it")
     ap.add_argument("--sft-copy-weight", type=float, default=1.0, help="sft.copy_weight (rl.train.copy_tokens)")
+    ap.add_argument("--sft-exit-weight", type=float, default=1.0,
+                    help="sft.exit_weight: weight of the token after a copied span (rl.train.copy_tokens.exit_flags)")
     ap.add_argument("--sft-shell-share", type=float, default=0.0,
                     help="sft.shell_share: the share of rename demonstrations done with one sed command "
                          "(rl.train.demos, the shell style) instead of one edit_file per file")
@@ -578,6 +582,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "sft_copy_weight": args.sft_copy_weight,
                                                                  "sft_shell_share": args.sft_shell_share,
                                                                  "sft_narration": args.sft_narration,
+                                                                 "sft_exit_weight": args.sft_exit_weight,
                                                                  "dagger_rounds": args.dagger_rounds,
                                                                  "dagger_tasks": args.dagger_tasks,
                                                                  "dagger_steps": args.dagger_steps,

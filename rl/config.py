@@ -161,6 +161,9 @@ class SFTConfig(_Section):
     # how much more a copy token (rl.train.copy_tokens: a name or code line copied from the context)
     # weighs in the SFT loss than a format token; 1: a plain per-token mean
     copy_weight: float = Field(1.0, ge=1.0, le=100.0)
+    # how much more an EXIT (rl.train.copy_tokens.exit_flags: the token right after a copied span, where
+    # copying must stop) weighs; 1: a plain per-token mean (benchmarks/copy_exit_probe.py measures exits)
+    exit_weight: float = Field(1.0, ge=1.0, le=100.0)
     # the share of demonstrations of a task whose change is one shell command (a rename: sed over its
     # package; rl.train.demos.shell_edit_for) recorded in the "shell" style instead of the drawn one
     shell_share: float = Field(0.0, ge=0.0, le=1.0)

@@ -14,6 +14,11 @@ tokens before it) occurs in the example's context before its segment (consumed t
 request, tool results; the model's own earlier outputs count too, they are in its context) but
 not in the system prompt, and the token is not tool-call syntax, a newline or ``<|end|>``
 (:func:`format_token_ids`: the format is learned without copying).
+An EXIT (:func:`exit_flags`) is the sampled token right after a copied span that is not a copy
+itself: where the model must stop copying — the ``/`` after the old name in ``sed -i 's/OLD/NEW/g'``,
+the ``</param>`` after a grep pattern. Copying past it is how rename and find-and-change rollouts
+derail (``benchmarks/copy_exit_probe.py``): the span's source continues (the request's closing
+backtick after the name) and the model follows it. ``sft.exit_weight`` weighs exits in the loss.
 Not guaranteed: that every copied token is found (the first two tokens of a copied span end
 trigrams that straddle the span's start, and are found only when that trigram also occurs in
 the context) or that every token found was copied (a trigram that happens to repeat).
@@ -26,7 +31,7 @@ from typing import Any
 
 from rl.types import Segment
 
-__all__ = ["copy_flags", "format_token_ids", "user_marker_id"]
+__all__ = ["copy_flags", "exit_flags", "format_token_ids", "user_marker_id"]
 
 
 def user_marker_id(tokenizer: Any) -> int:
@@ -75,3 +80,12 @@ def copy_flags(example: Sequence[Segment], user_id: int, format_ids: frozenset[i
         seen |= _trigrams(flat[max(0, pos - 2): pos + n])
         pos += n
     return out
+
+
+def exit_flags(example: Sequence[Segment], copies: Sequence[bool]) -> list[bool]:
+    """Per token of the flattened ``example``: whether it is an exit — sampled, not a copy, right
+    after a copy (``copies``: :func:`copy_flags` of the same example)."""
+    sampled = [s.sampled for s in example for _ in s.token_ids]
+    if len(sampled) != len(copies):
+        raise ValueError(f"copies has {len(copies)} flags for an example of {len(sampled)} tokens")
+    return [t > 0 and sampled[t] and not copies[t] and copies[t - 1] for t in range(len(copies))]

@@ -106,6 +106,7 @@ SFT_PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # `flywheel rl sft`'s cu
     ("SFT loss", ("train_loss", "heldout_loss")),
     ("SFT held-out copy tokens: loss", ("heldout_copy_loss",)),
     ("SFT held-out copy tokens: accuracy", ("heldout_copy_acc",)),
+    ("SFT held-out exits (the token after a copied span): accuracy", ("heldout_exit_acc",)),
 )
 
 

@@ -50,12 +50,13 @@ def _as_rollout(segments: Sequence[Segment]) -> Rollout:
 
 
 def sft_loss(model: MoETransformer, examples: Sequence[Sequence[Segment]], pad_id: int, *,
-             user_id: int | None = None, copy_weight: float = 1.0, format_ids: frozenset[int] = frozenset(),
-             copy_stats: dict[str, float] | None = None) -> Any:
+             user_id: int | None = None, copy_weight: float = 1.0, exit_weight: float = 1.0,
+             format_ids: frozenset[int] = frozenset(), copy_stats: dict[str, float] | None = None) -> Any:
     """Mean next-token cross-entropy over the sampled tokens of ``examples`` (one batch). With
     ``user_id`` (the ``<|user|>`` id) and ``format_ids``, copy tokens (:mod:`rl.train.copy_tokens`) weigh
-    ``copy_weight`` times as much in the mean, and ``copy_stats`` (when given) accumulates their
-    count, summed loss and argmax hits (``copy_tokens``, ``copy_nll``, ``copy_correct``)."""
+    ``copy_weight`` times as much in the mean and exits (the token after a copied span)
+    ``exit_weight`` times, and ``copy_stats`` (when given) accumulates both kinds' count, summed
+    loss and argmax hits (``copy_tokens``, ``copy_nll``, ``copy_correct``, ``exit_*`` alike)."""
     import torch
 
     from rl.train.grpo import token_tensors
@@ -65,18 +66,22 @@ def sft_loss(model: MoETransformer, examples: Sequence[Sequence[Segment]], pad_i
     logp = torch.log_softmax(out.logits[:, :-1], dim=-1).gather(-1, t["input_ids"][:, 1:, None]).squeeze(-1)
     mask = weights = t["mask"]
     if user_id is not None:
-        from rl.train.copy_tokens import copy_flags
+        from rl.train.copy_tokens import copy_flags, exit_flags
 
         copies = torch.zeros_like(mask)
+        exits = torch.zeros_like(mask)
         for i, e in enumerate(examples):
             flags = copy_flags(e, user_id, format_ids)
-            copies[i, : len(flags) - 1] = torch.tensor(flags[1:], dtype=mask.dtype)
-        weights = mask + (copy_weight - 1.0) * copies
+            n = min(len(flags) - 1, copies.shape[1])  # token_tensors may cut an example at max_len
+            copies[i, :n] = torch.tensor(flags[1:n + 1], dtype=mask.dtype)
+            exits[i, :n] = torch.tensor(exit_flags(e, flags)[1:n + 1], dtype=mask.dtype)
+        weights = mask + (copy_weight - 1.0) * copies + (exit_weight - 1.0) * exits
         if copy_stats is not None:
             hits = (out.logits[:, :-1].argmax(-1) == t["input_ids"][:, 1:]).to(mask.dtype)
-            copy_stats["copy_tokens"] = copy_stats.get("copy_tokens", 0.0) + float(copies.sum())
-            copy_stats["copy_nll"] = copy_stats.get("copy_nll", 0.0) - float((logp * copies).sum())
-            copy_stats["copy_correct"] = copy_stats.get("copy_correct", 0.0) + float((hits * copies).sum())
+            for kind, flags_t in (("copy", copies), ("exit", exits)):
+                copy_stats[f"{kind}_tokens"] = copy_stats.get(f"{kind}_tokens", 0.0) + float(flags_t.sum())
+                copy_stats[f"{kind}_nll"] = copy_stats.get(f"{kind}_nll", 0.0) - float((logp * flags_t).sum())
+                copy_stats[f"{kind}_correct"] = copy_stats.get(f"{kind}_correct", 0.0) + float((hits * flags_t).sum())
     return -(logp * weights).sum() / weights.sum().clamp_min(1.0) + out.aux_loss
 
 
@@ -104,7 +109,8 @@ def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout
     """Train ``model`` in place on ``train`` with early stopping on ``heldout`` (see the module
     docstring). With ``user_id`` the loss weighs copy tokens ``cfg.copy_weight`` times (train and
     held-out alike: early stopping watches what is trained), and every curve point also has the
-    held-out copy tokens' mean loss and argmax accuracy (``heldout_copy_loss``, ``heldout_copy_acc``)."""
+    held-out copy tokens' mean loss and argmax accuracy (``heldout_copy_loss``, ``heldout_copy_acc``), and the
+    exits' (``heldout_exit_loss``, ``heldout_exit_acc``; weighed ``cfg.exit_weight`` times)."""
     import torch
 
     if not train or not heldout:
@@ -112,7 +118,8 @@ def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     result = SFTResult()
 
-    kw: dict[str, Any] = {"user_id": user_id, "copy_weight": cfg.copy_weight, "format_ids": format_ids}
+    kw: dict[str, Any] = {"user_id": user_id, "copy_weight": cfg.copy_weight, "exit_weight": cfg.exit_weight,
+                          "format_ids": format_ids}
     copy_point: dict[str, float] = {}
 
     def evaluate() -> float:
@@ -122,9 +129,10 @@ def train_sft(model: MoETransformer, train: Sequence[Sequence[Segment]], heldout
             losses = [float(sft_loss(model, heldout[i: i + cfg.batch], pad_id, copy_stats=stats, **kw))
                       * len(heldout[i: i + cfg.batch]) for i in range(0, len(heldout), cfg.batch)]
         copy_point.clear()
-        if stats.get("copy_tokens"):
-            copy_point.update(heldout_copy_loss=stats["copy_nll"] / stats["copy_tokens"],
-                              heldout_copy_acc=stats["copy_correct"] / stats["copy_tokens"])
+        for kind in ("copy", "exit"):
+            if stats.get(f"{kind}_tokens"):
+                copy_point.update({f"heldout_{kind}_loss": stats[f"{kind}_nll"] / stats[f"{kind}_tokens"],
+                                   f"heldout_{kind}_acc": stats[f"{kind}_correct"] / stats[f"{kind}_tokens"]})
         return sum(losses) / len(heldout)
 
     best_state = copy.deepcopy(model.state_dict())

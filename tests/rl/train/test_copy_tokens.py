@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl.train.copy_tokens import copy_flags, format_token_ids, user_marker_id
+from rl.train.copy_tokens import copy_flags, exit_flags, format_token_ids, user_marker_id
 from rl.train.sft import sft_loss
 from rl.types import Segment
 from tests.agent.model.test_engine import tiny_tokenizer
@@ -71,3 +71,34 @@ def test_the_loss_weighs_copy_tokens_and_counts_them() -> None:
     w = mask + 4.0 * copies
     assert weighted == pytest.approx(float((nll * w).sum() / w.sum() + out.aux_loss), rel=1e-5)
     assert stats["copy_nll"] == pytest.approx(float((nll * copies).sum()), rel=1e-5)
+
+
+def test_an_exit_is_the_sampled_non_copy_right_after_a_copy() -> None:
+    ex = _example()
+    flags = copy_flags(ex, U)
+    exits = exit_flags(ex, flags)
+    flat = [t for s in ex for t in s.token_ids]
+    # "31" ends the first output's copied "22 23"; "30" follows the copied "42"; the copy "21" is last
+    assert [(i, flat[i]) for i, e in enumerate(exits) if e] == [(FIRST + 5, 31), (SECOND + 3, 30)]
+    with pytest.raises(ValueError, match="flags for an example"):
+        exit_flags(ex, flags[:-1])
+
+
+def test_the_loss_weighs_exits_and_counts_them() -> None:
+    model = tiny_model()
+    ex = _example()
+    stats: dict[str, float] = {}
+    with torch.no_grad():
+        weighted = float(sft_loss(model, [ex], 0, user_id=U, copy_weight=5.0, exit_weight=3.0, copy_stats=stats))
+    assert stats["exit_tokens"] == 2 and stats["copy_tokens"] == 4
+    ids = torch.tensor([[t for s in ex for t in s.token_ids]])
+    with torch.no_grad():
+        out = model(ids)
+        nll = -torch.log_softmax(out.logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+    mask = torch.tensor([s.sampled for s in ex for _ in s.token_ids][1:], dtype=torch.float32)
+    flags = copy_flags(ex, U)
+    copies = torch.tensor(flags[1:], dtype=torch.float32)
+    exits = torch.tensor(exit_flags(ex, flags)[1:], dtype=torch.float32)
+    w = mask + 4.0 * copies + 2.0 * exits
+    assert weighted == pytest.approx(float((nll * w).sum() / w.sum() + out.aux_loss), rel=1e-5)
+    assert stats["exit_nll"] == pytest.approx(float((nll * exits).sum()), rel=1e-5)

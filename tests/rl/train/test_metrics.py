@@ -78,8 +78,10 @@ def test_jsonl_and_png(tmp_path: Path) -> None:
 
 
 def test_the_sft_curve_has_its_own_panels_and_a_blank_figure_is_refused(tmp_path: Path) -> None:
-    curve = [{"step": 0, "train_loss": 1.2, "heldout_loss": 3.4, "heldout_copy_acc": 0.2, "heldout_copy_loss": 4.4},
-             {"step": 50, "train_loss": 0.3, "heldout_loss": 0.4, "heldout_copy_acc": 0.9, "heldout_copy_loss": 0.3}]
+    curve = [{"step": 0, "train_loss": 1.2, "heldout_loss": 3.4, "heldout_copy_acc": 0.2, "heldout_copy_loss": 4.4,
+              "heldout_exit_acc": 0.5},
+             {"step": 50, "train_loss": 0.3, "heldout_loss": 0.4, "heldout_copy_acc": 0.9, "heldout_copy_loss": 0.3,
+              "heldout_exit_acc": 0.8}]
     assert [t for t, _ in plot_panels(curve, SFT_PLOTS)] == [t for t, _ in SFT_PLOTS]
     assert plot_panels([{"step": 0, "train_loss": 1.0, "heldout_loss": 2.0}], SFT_PLOTS) == [
         ("SFT loss", ["train_loss", "heldout_loss"])]
