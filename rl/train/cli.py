@@ -75,6 +75,7 @@ def _fail(cmd: str, msg: str) -> int:
 
 def _print_point(p: dict[str, float]) -> None:
     copies = f" copy-token acc {p['heldout_copy_acc']:.3f}" if "heldout_copy_acc" in p else ""
+    copies += f" exit acc {p['heldout_exit_acc']:.3f}" if "heldout_exit_acc" in p else ""
     print(f"step {int(p['step'])}: train {p['train_loss']:.4f} held-out {p['heldout_loss']:.4f}{copies}",
           file=sys.stderr)
 
