@@ -30,6 +30,7 @@ class Server(ServerProcess):
         super().__init__(data_dir=data_dir, allow_roots=[allow_root], port=port, log_dir=logs / name,
                          start_timeout=60.0,
                          env={"PYTHONUNBUFFERED": "1", "FLYWHEEL_MAX_SOCKETS_PER_TOKEN": "4096", **(env or {})})
+        self.name = name  # crash.py's error path prints it with the log tail
 
     def start(self, timeout: float | None = None) -> Server:
         super().start()
