@@ -59,11 +59,10 @@ class FrontierReplay:
         varied_set = set(varied)
         drawn_set = set(drawn)
         fresh: list[tuple[str, int]] = []
-        for task_id in drawn:
-            if task_id in varied_set and not any(t == task_id for t, _ in fresh):
-                times = self._pending.get(task_id, 0)
-                if times < self.limit:
-                    fresh.append((task_id, times))
+        for task_id in dict.fromkeys(drawn):  # each id once, in draw order
+            times = self._pending.get(task_id, 0)
+            if task_id in varied_set and times < self.limit:
+                fresh.append((task_id, times))
         self.entries = fresh + [(t, n) for t, n in self.entries if t not in drawn_set]
         del self.entries[self.capacity:]
         self._pending.clear()
