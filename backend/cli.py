@@ -233,6 +233,9 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
                    help="with --copy-head: the pointer may copy only from positions at least D tokens back "
                    "(default 1; a larger D stops it looping on its own last copies; RL configs then set "
                    "model.copy_min_distance: D)")
+    t.add_argument("--copy-successor-keys", action="store_true",
+                   help="with --copy-head: every pointer entry's score also sees the token it would emit "
+                   "(agent/model/copy_head.py; RL configs then set model.copy_successor_keys: true)")
 
     def run(args: argparse.Namespace) -> int:
         from agent.model.train import run_cli

@@ -117,7 +117,8 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         save_checkpoint(root / "init", model, tok, step=0, profile=COMPACT_PROFILE)
     init = root / "init"
     if args.copy_head:
-        init = add_copy_head(init, root / "init_copyhead", sft_seed, args.copy_min_distance)
+        init = add_copy_head(init, root / "init_copyhead", sft_seed, args.copy_min_distance,
+                             args.copy_successor_keys)
     if args.copy_drill_steps:
         # copy drills between pretraining and SFT (agent.model.copy_drills; benchmarks/copy_probe.py):
         # the pretrained mini model learns to copy a path from its context only from these
@@ -149,23 +150,27 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]})
 
 
-def add_copy_head(init: Path, dest: Path, seed: int, min_distance: int = 1) -> Path:
+def add_copy_head(init: Path, dest: Path, seed: int, min_distance: int = 1, successor_keys: bool = False) -> Path:
     """``--copy-head``: ``init`` (pretrained without one, or a random init) with a fresh copy head
     (``agent.model.copy_head``) saved to ``dest``, which SFT starts from. Departure from training the
     head from the first pretraining step: the head is added after pretraining, so one pretrained init
     serves runs with and without it (its init leaves the LM head at least half the mass)."""
     import torch
 
-    from agent.model.checkpoint import load_checkpoint, load_profile, save_checkpoint
+    from agent.model.checkpoint import load_checkpoint, load_config, load_profile, save_checkpoint
     from agent.model.copy_head import twin_ids
 
     if (dest / "model.safetensors").exists():
+        if load_config(dest).copy_successor_keys != successor_keys:
+            raise SystemExit(f"{dest} holds a copy head with copy_successor_keys="
+                             f"{not successor_keys}; remove it or use another --work-dir")
         return dest
     model, tok = load_checkpoint(init)
     if model.cfg.copy_head:
         return init
     torch.manual_seed(seed)
-    save_checkpoint(dest, model.with_copy_head(twin_ids(tok), min_distance), tok, step=0, profile=load_profile(init))
+    save_checkpoint(dest, model.with_copy_head(twin_ids(tok), min_distance, successor_keys=successor_keys), tok,
+                    step=0, profile=load_profile(init))
     return dest
 
 
@@ -183,6 +188,8 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
     there were any: ``dagger_done.json`` comes along), its SFT curve and the
     recipe that rebuilds its task set (``start.json``: sizes, data seed, the task file's sha256),
     without the 2 MB task file or the optimizer state: ~9 MB for ``mini``."""
+    from agent.model.checkpoint import load_config
+
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "sft").mkdir(exist_ok=True)
     for f in START_FILES:
@@ -192,6 +199,7 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
     (dest / "start.json").write_text(json.dumps({
         "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
         "preset": args.preset, "copy_head": args.copy_head, "tasks_sha256": _sha256(root / "tasks.jsonl"),
+        "copy_successor_keys": load_config(checkpoint).copy_successor_keys,
         "dagger_rounds": args.dagger_rounds, "sft_shell_share": args.sft_shell_share,
         "sft_narration": args.sft_narration, "sft_exit_weight": args.sft_exit_weight,
         "pretrain_sources": list(getattr(args, "pretrain_sources", ["stdlib", "site-packages"])),
@@ -292,7 +300,8 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "tasks": str(start["tasks_file"]), "iterations": args.iterations,
         "tasks_per_iteration": args.tasks_per_iteration, "lr": args.lr,
         "model": {"preset": args.preset, "init": str(start["sft"]), "copy_head": args.copy_head,
-                  "copy_min_distance": load_config(start["sft"]).copy_min_distance},
+                  "copy_min_distance": load_config(start["sft"]).copy_min_distance,
+                  "copy_successor_keys": load_config(start["sft"]).copy_successor_keys},
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "epochs": args.epochs, "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
                  "kl_estimator": args.kl_estimator, "routing_replay": args.routing_replay,
@@ -466,6 +475,9 @@ def main() -> None:
     ap.add_argument("--copy-min-distance", type=int, default=8,
                     help="with --copy-head: the pointer's minimum distance (ModelConfig.copy_min_distance; "
                          "1 lets it copy its own last copy, which loops)")
+    ap.add_argument("--copy-successor-keys", action="store_true",
+                    help="with --copy-head: every pointer entry's score also sees the token it would emit "
+                         "(ModelConfig.copy_successor_keys); a start built with it keeps it (its checkpoint config)")
     ap.add_argument("--sft-per-seed", action="store_true", help="a fresh SFT per seed (default: one, shared)")
     ap.add_argument("--pretrain-steps", type=int, help="pretrain on code this many steps before SFT (0: random init)")
     ap.add_argument("--copy-drill-steps", type=int, default=0,
@@ -589,6 +601,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "copy_head": args.copy_head,
                                                                  "pretrain_sources": args.pretrain_sources,
                                                                  "copy_min_distance": args.copy_min_distance,
+                                                                 "copy_successor_keys": args.copy_successor_keys,
                                                                  "dynamic_sampling": args.dynamic_sampling,
                                                                  "max_draws": args.max_draws,
                                                                  "kl_coef": args.kl_coef,

@@ -38,6 +38,9 @@ class ModelConfig:
     # the copy head's pointer may point only at positions at least this far back (1: any earlier
     # one); a larger distance stops the pointer from copying its own last copies in a loop
     copy_min_distance: int = 1
+    # successor-aware copy keys: every pointer entry's score also sees the token it would emit
+    # (agent.model.copy_head, "One option"); only with copy_head
+    copy_successor_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -50,6 +53,8 @@ class ModelConfig:
             raise ValueError(f"unknown precision {self.precision!r}")
         if self.copy_min_distance < 1:
             raise ValueError("copy_min_distance must be >= 1")
+        if self.copy_successor_keys and not self.copy_head:
+            raise ValueError("copy_successor_keys needs copy_head")
         if self.mxfp8_scope not in ("all", "experts"):
             raise ValueError(f"unknown mxfp8_scope {self.mxfp8_scope!r}: choose all or experts")
 

@@ -37,6 +37,14 @@ Three refinements, all from the eighth run's free-running failures (docs/rl/READ
   impossible for the pointer, at the price of copying from the last ``d - 1`` tokens (the LM head
   still can).
 
+One option (``cfg.copy_successor_keys``, off by default), from the twenty-ninth run's finding that
+a copied name does not stop (docs/rl/README.md): ``h_j`` is computed before ``x_{j+1}`` exists, so
+a key cannot say what its entry would emit, and after copying `` nebula`` from "rename `` `nebula` ``"
+the pointer could not tell that the next entry emits the closing backtick. With the option every
+entry's score gains ``q_t · e[w]``, ``e [V, d]`` a learned key per emitted token ``w`` (the
+successor for successor entries, the twin for twin entries): "in this context, do not copy a
+backtick". ``e`` starts at zero, so a head that gains it scores exactly as before.
+
 Position 0 has only the sentinel (``g = 1``): the LM head alone. The head returns
 ``log p`` — a normalised log-distribution, so every consumer that takes ``log_softmax`` of the
 model's logits (SFT's cross-entropy, GRPO's logprobs, the engine's sampler) gets the mixture
@@ -83,7 +91,7 @@ def twin_ids(tokenizer: Tokenizer) -> torch.Tensor:
 
 
 class CopyHead(nn.Module):
-    def __init__(self, d_model: int, max_seq_len: int, vocab_size: int) -> None:
+    def __init__(self, d_model: int, max_seq_len: int, vocab_size: int, *, successor_keys: bool = False) -> None:
         super().__init__()
         self.dim, self.max_seq_len = d_model, max_seq_len
         self.wq = nn.Linear(d_model, d_model, bias=False)
@@ -92,6 +100,9 @@ class CopyHead(nn.Module):
         self.sentinel = nn.Parameter(torch.zeros(d_model))
         self.sentinel_bias = nn.Parameter(torch.zeros(()))
         self.match_bias = nn.Parameter(torch.zeros(2))  # successor and twin entries' same-token bonus
+        # successor-aware keys: a learned key per token an entry would emit, added to every entry's key
+        # (zero at init, so a head that gains them scores as it did); None without cfg.copy_successor_keys
+        self.successor_keys = nn.Parameter(torch.zeros(vocab_size, d_model)) if successor_keys else None
         # saved with the weights (a checkpoint is self-contained); identity until set_twins
         self.register_buffer("twin", torch.arange(vocab_size))
         self.reset_parameters()
@@ -112,6 +123,8 @@ class CopyHead(nn.Module):
         nn.init.normal_(self.wk_twin.weight, std=0.02)
         nn.init.zeros_(self.sentinel)
         nn.init.zeros_(self.match_bias)
+        if self.successor_keys is not None:
+            nn.init.zeros_(self.successor_keys)
         with torch.no_grad():
             self.sentinel_bias.fill_(math.log(2 * self.max_seq_len))
 
@@ -147,9 +160,15 @@ class CopyHead(nn.Module):
         w, n = keys.shape[0], keys.shape[1]
         qw = q if rows is None else rows.spread(q)
         raw = (keys.reshape(w, 2 * n, self.dim) @ qw.transpose(1, 2)).view(w, n, 2, -1).permute(0, 3, 2, 1)
-        raw = (raw if rows is None else rows.pick(raw)) * scale
+        raw = raw if rows is None else rows.pick(raw)
         successors = torch.cat([key_ids[:, 1:], torch.zeros_like(key_ids[:, :1])], dim=1)  # [B, N]
         twins = self.twin[successors]  # [B, N]
+        if self.successor_keys is not None:
+            # q_t · e[w] for the token w each entry emits: the pointer sees WHAT it would copy, which
+            # h_j (computed before x_{j+1} arrived) cannot tell it; [B, T, 2N] -> [B, T, 2, N]
+            emitted = self.successor_keys[torch.cat([successors, twins], dim=1)]  # [B, 2N, d]
+            raw = raw + (q @ emitted.transpose(1, 2)).view(raw.shape[0], raw.shape[1], 2, -1)
+        raw = raw * scale
         # the same token (up to its twin) at the query and the key: the induction step "I just wrote
         # x; where was x; copy what came after it", one learned bonus per entry kind
         same = (self.twin[query_ids][:, :, None] == self.twin[key_ids][:, None, :]).float()  # [B, T, N]

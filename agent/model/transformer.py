@@ -178,7 +178,8 @@ class MoETransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.copy = CopyHead(cfg.d_model, cfg.max_seq_len, cfg.vocab_size) if cfg.copy_head else None
+        self.copy = (CopyHead(cfg.d_model, cfg.max_seq_len, cfg.vocab_size, successor_keys=cfg.copy_successor_keys)
+                     if cfg.copy_head else None)
         cos, sin = rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -298,17 +299,20 @@ class MoETransformer(nn.Module):
         for block, counts in zip(self.blocks, expert_counts, strict=True):
             block.moe.update_bias(counts)
 
-    def with_copy_head(self, twin: torch.Tensor | None = None, min_distance: int = 1) -> MoETransformer:
+    def with_copy_head(self, twin: torch.Tensor | None = None, min_distance: int = 1, *,
+                       successor_keys: bool = False) -> MoETransformer:
         """A new model with these weights and a fresh copy head (``cfg.copy_head``; its init keeps
         the LM head's distribution mostly as it was, see :class:`CopyHead`). ``twin`` is
         :func:`agent.model.copy_head.twin_ids` of the model's tokenizer (None: no twin entries);
-        ``min_distance`` becomes ``cfg.copy_min_distance``. Raises ``ValueError`` if this model
+        ``min_distance`` becomes ``cfg.copy_min_distance`` and ``successor_keys``
+        ``cfg.copy_successor_keys``. Raises ``ValueError`` if this model
         has one already."""
         from dataclasses import replace
 
         if self.copy is not None:
             raise ValueError("this model already has a copy head")
-        model = MoETransformer(replace(self.cfg, copy_head=True, copy_min_distance=min_distance))
+        model = MoETransformer(replace(self.cfg, copy_head=True, copy_min_distance=min_distance,
+                                       copy_successor_keys=successor_keys))
         missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
         assert not unexpected and all(k.startswith("copy.") for k in missing), (missing, unexpected)
         if twin is not None:

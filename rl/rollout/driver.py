@@ -196,7 +196,8 @@ def _checkpoint_and_profile(cfg: RunConfig) -> tuple[Any, Any, Any]:
     model, tok = load_checkpoint(init, precision=cfg.model.precision)
     want = ModelConfig.preset(cfg.model.preset, vocab_size=model.cfg.vocab_size, max_seq_len=model.cfg.max_seq_len,
                               copy_head=cfg.model.copy_head,
-                              copy_min_distance=cfg.model.copy_min_distance)
+                              copy_min_distance=cfg.model.copy_min_distance,
+                              copy_successor_keys=cfg.model.copy_successor_keys)
     check_architecture(want, model.cfg, where=str(init))
     profile = load_profile(init)
     if cfg.model.prompt_profile is not None and cfg.model.prompt_profile != profile.name:

@@ -105,7 +105,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
             print(f"adding a copy head to {args.init} (model.copy_head: true)", file=sys.stderr)
             from agent.model.copy_head import twin_ids
 
-            model = model.with_copy_head(twin_ids(tok), min_distance=run_cfg.model.copy_min_distance)
+            model = model.with_copy_head(twin_ids(tok), min_distance=run_cfg.model.copy_min_distance,
+                                         successor_keys=run_cfg.model.copy_successor_keys)
         sandbox = make_sandbox()
     except (ConfigError, TaskFileError, CheckpointError, SandboxUnavailable, OSError, ValueError) as exc:
         return _fail("sft", str(exc))
