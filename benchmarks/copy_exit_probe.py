@@ -114,6 +114,7 @@ def main() -> None:
     ap.add_argument("--max-tasks", type=int, default=24)
     ap.add_argument("--shell-share", type=float, default=0.5, help="the start's sft.shell_share")
     ap.add_argument("--narration", type=int, default=3, help="the start's sft.narration")
+    ap.add_argument("--narration-bare", action="store_true", help="the start's sft.narration_quotes was false")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--name", default="copy_exit_probe")
     args = ap.parse_args()
@@ -122,13 +123,15 @@ def main() -> None:
 
     model, tok, demos, n_tasks = recorded_demos(args.checkpoint, args.tasks, args.split, max_tasks=args.max_tasks,
                                                 seed=args.seed, families=args.families,
-                                                shell_share=args.shell_share, narration=args.narration)
+                                                shell_share=args.shell_share, narration=args.narration,
+                                                narration_quotes=not args.narration_bare)
     probs = exit_probs(model, tok, demos.examples, user_marker_id(tok), format_token_ids(tok))
     if not probs:
         raise SystemExit("no exits from a copied span in these demonstrations")
     write_result(args.name, {"checkpoint": str(args.checkpoint), "tasks_file": str(args.tasks), "split": args.split,
                              "families": args.families, "tasks": n_tasks, "demonstrations": len(demos.examples),
                              "shell_share": args.shell_share, "narration": args.narration,
+                             "narration_quotes": not args.narration_bare,
                              "exits": summarise(probs)})
 
 

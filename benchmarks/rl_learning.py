@@ -138,7 +138,8 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         "patience": args.sft_patience, "demos_per_task": 1, "renamings": args.sft_renamings,
         "edit_context": args.sft_edit_context, "copy_weight": args.sft_copy_weight,
         "exit_weight": args.sft_exit_weight,
-        "shell_share": args.sft_shell_share, "narration": args.sft_narration}}))
+        "shell_share": args.sft_shell_share, "narration": args.sft_narration,
+        "narration_quotes": not args.sft_narration_bare}}))
     rc = _cmd_sft(argparse.Namespace(tasks=tasks_file, init=init, out=sft, config=root / "sft.json",
                                      seed=sft_seed))
     if rc != 0:
@@ -202,6 +203,7 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
         "copy_successor_keys": load_config(checkpoint).copy_successor_keys,
         "dagger_rounds": args.dagger_rounds, "sft_shell_share": args.sft_shell_share,
         "sft_narration": args.sft_narration, "sft_exit_weight": args.sft_exit_weight,
+        "sft_narration_bare": args.sft_narration_bare,
         "pretrain_sources": list(getattr(args, "pretrain_sources", ["stdlib", "site-packages"])),
         # the pretraining corpus (agent.model.corpus: the stdlib and the installed packages' sources, so
         # another environment's package versions give another corpus under the same seeds); None when
@@ -231,8 +233,10 @@ def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
     if not (start / "start.json").is_file() or not (start / "sft" / "model.safetensors").is_file():
         raise SystemExit(f"--start {start}: not a --save-start directory (it needs start.json and sft/)")
     recipe = json.loads((start / "start.json").read_text())
-    defaults = {"copy_head": False, "sft_narration": 0, "sft_exit_weight": 1.0}  # starts saved before these keys
-    for key in ("n_train", "n_heldout", "data_seed", "preset", "copy_head", "sft_narration", "sft_exit_weight"):
+    # starts saved before these keys
+    defaults = {"copy_head": False, "sft_narration": 0, "sft_exit_weight": 1.0, "sft_narration_bare": False}
+    for key in ("n_train", "n_heldout", "data_seed", "preset", "copy_head", "sft_narration", "sft_exit_weight",
+                "sft_narration_bare"):
         if getattr(args, key) != recipe.get(key, defaults.get(key)):
             built = recipe.get(key, defaults.get(key))
             raise SystemExit(f"--start {start}: it was built with {key}={built!r}, this run has "
@@ -271,7 +275,7 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
                     "edit_context": args.sft_edit_context, "copy_weight": args.sft_copy_weight,
                     "exit_weight": args.sft_exit_weight,
                     "shell_share": args.sft_shell_share, "narration": args.sft_narration,
-                    "dagger_rounds": args.dagger_rounds,
+                    "narration_quotes": not args.sft_narration_bare, "dagger_rounds": args.dagger_rounds,
                     "dagger_tasks": args.dagger_tasks, "dagger_heldout_tasks": 64,
                     "dagger_max_steps": args.dagger_steps},
             "limits": {"max_model_calls": args.max_model_calls,
@@ -498,6 +502,9 @@ def main() -> None:
     ap.add_argument("--sft-narration", type=int, default=0,
                     help="sft.narration: at most this many sentences of narration before each demonstrated "
                          "model call (rl.train.demos), the waste RL can learn to drop")
+    ap.add_argument("--sft-narration-bare", action="store_true",
+                    help="sft.narration_quotes: false: the narration names identifiers bare, not in backticks "
+                         "(a name copied from the request then ends before its closing backtick)")
     ap.add_argument("--dagger-rounds", type=int, default=0,
                     help="DAgger rounds after SFT: the SFT model's own rollouts relabelled by the scripted solver")
     ap.add_argument("--dagger-tasks", type=int, default=400, help="SFT-train tasks per DAgger round")
@@ -594,6 +601,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "sft_copy_weight": args.sft_copy_weight,
                                                                  "sft_shell_share": args.sft_shell_share,
                                                                  "sft_narration": args.sft_narration,
+                                                                 "sft_narration_bare": args.sft_narration_bare,
                                                                  "sft_exit_weight": args.sft_exit_weight,
                                                                  "dagger_rounds": args.dagger_rounds,
                                                                  "dagger_tasks": args.dagger_tasks,

@@ -177,6 +177,9 @@ class SFTConfig(_Section):
     # at most this many sentences of narration before each demonstrated model call (0..N drawn per call;
     # rl.train.demos.scripted_outputs): the wasted tokens real traces carry, for RL to learn to drop
     narration: int = Field(0, ge=0, le=4)
+    # False: the narration names the task's identifier bare instead of in backticks (rl.train.demos._narrate;
+    # the twenty-ninth run: copying a quoted name in prose teaches the copy to run on into the backtick)
+    narration_quotes: bool = True
     # DAgger rounds after SFT (rl.train.dagger): free-running rollouts of the SFT tasks (limits and
     # max_tokens_per_call from this config), each model call relabelled with the scripted solver's
     # next output, then SFT again on demonstrations + relabelled calls

@@ -126,6 +126,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
                                   max_len=model.cfg.max_seq_len, per_task=sft_cfg.demos_per_task, seed=args.seed,
                                   renamings=renamings, tight=sft_cfg.edit_context == "minimal",
                                   shell_share=sft_cfg.shell_share, narration=sft_cfg.narration,
+                                  narration_quotes=sft_cfg.narration_quotes,
                                   progress=lambda: bar.update(1))
                 for part, renamings in ((tasks[n_held:], sft_cfg.renamings), (tasks[:n_held], 0))]
     finally:

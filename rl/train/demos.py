@@ -171,23 +171,27 @@ _NARRATION: dict[str, tuple[str, ...]] = {
 }
 
 
-def _narrate(kind: str, task: DemoTask, rng: random.Random, most: int, first: str | None = None) -> str:
+def _narrate(kind: str, task: DemoTask, rng: random.Random, most: int, first: str | None = None,
+             quotes: bool = True) -> str:
     """0..``most`` distinct sentences of ``kind`` (the count drawn uniformly, then capped at the
     number of templates for ``kind``: 3 for ``guess`` and ``shell``, so a draw of 4 gives 3),
     filled in with ``task``'s names (``first``, when given, is both ``{path}`` and ``{paths}``;
     else its first path and all its paths), each on its own
-    line and followed by a newline; "" for none (or ``most`` 0)."""
+    line and followed by a newline; "" for none (or ``most`` 0). ``quotes`` False writes the name
+    bare (``{ident}``, not `` `{ident}` ``): copied from a request that quotes it, a bare name ends
+    before the request's closing backtick, as it must in a grep pattern or a command."""
     n = rng.randint(0, most) if most > 0 else 0
     if n == 0:
         return ""
     path = first or task.paths[0]
     fill = {"paths": first or ", ".join(task.paths), "path": path, "ident": task.grep_hint or grep_pattern(task.edits[0]),
             "test": task.test_command}
-    return "".join(s.format(**fill) + "\n" for s in rng.sample(_NARRATION[kind], min(n, len(_NARRATION[kind]))))
+    chosen = rng.sample(_NARRATION[kind], min(n, len(_NARRATION[kind])))
+    return "".join((s if quotes else s.replace("`{ident}`", "{ident}")).format(**fill) + "\n" for s in chosen)
 
 
 def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_blind: bool = False,
-                     narration: int = 0) -> list[str]:
+                     narration: int = 0, narration_quotes: bool = True) -> list[str]:
     """The model outputs of one demonstration, one string per model call (see the module docstring).
 
     ``narration`` > 0: every model call's output carries 0..``narration`` sentences (uniform per
@@ -195,14 +199,16 @@ def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_b
     answer's text — the waste real traces carry and RL can learn to drop (the tokens-per-solved-task
     objective); the fixed opening line of ``parallel``/``sequential`` is then replaced by them. The
     calls themselves are unchanged. 0 (the default) draws nothing extra, so a seed gives the same
-    outputs as before the option existed."""
+    outputs as before the option existed. ``narration_quotes`` False names the task's identifier
+    bare in the narration (:func:`_narrate`); the draws are the same either way."""
     say = rng.choice(["Let me look at the code first.", "I'll inspect the relevant files.", "Checking the code."])
     test = encode_call("run_command", {"command": task.test_command})
     fix = "\n".join(_edit(e) for e in task.edits)
     answer = rng.choice(["The fix is in and the tests pass.", "Done: the change is made and the tests pass."])
     out: list[str]
     if narration > 0:
-        return _narrated(task, style, rng, narration, fail_blind=fail_blind, test=test, fix=fix, answer=answer)
+        return _narrated(task, style, rng, narration, fail_blind=fail_blind, test=test, fix=fix, answer=answer,
+                         quotes=narration_quotes)
     if style == "parallel":
         out = [say + "\n" + "\n".join(_read(p) for p in task.paths), fix, test]
     elif style == "sequential":
@@ -228,12 +234,12 @@ def scripted_outputs(task: DemoTask, style: Style, *, rng: random.Random, fail_b
 
 
 def _narrated(task: DemoTask, style: Style, rng: random.Random, most: int, *, fail_blind: bool, test: str,
-              fix: str, answer: str) -> list[str]:
+              fix: str, answer: str, quotes: bool = True) -> list[str]:
     """:func:`scripted_outputs` with narration: the same calls in the same order, each output
     prefixed with what :func:`_narrate` draws for its kind. An edit made before anything was read
     (``blind``) is narrated as a guess; a failed blind edit's recovery keeps its fixed line first
     ("That edit did not match; ...") and its narration names the file it reads."""
-    say = functools.partial(_narrate, task=task, rng=rng, most=most)
+    say = functools.partial(_narrate, task=task, rng=rng, most=most, quotes=quotes)
     reads = [_read(p) for p in task.paths]
     calls: list[tuple[str, str]]  # (kind, the calls of one model output)
     focus: dict[int, str] = {}  # call index -> the one path its narration is about (default: the first path)
@@ -280,7 +286,7 @@ class Demonstration:
 
 async def record_demo(task: DemoTask, style: Style, workspace: Workspace, sandbox: Sandbox | None, *,
                       profile: PromptProfile, seed: int = 0, fail_blind: bool = False,
-                      narration: int = 0) -> Demonstration:
+                      narration: int = 0, narration_quotes: bool = True) -> Demonstration:
     """Run one demonstration through the production runtime on ``workspace`` (the caller's fork,
     which it deletes). The returned prompts are the exact ones the runtime rendered."""
     from agent.events import ListSink
@@ -288,7 +294,8 @@ async def record_demo(task: DemoTask, style: Style, workspace: Workspace, sandbo
     from agent.runtime import SessionParts, build_session
     from agent.session import Limits
 
-    outputs = scripted_outputs(task, style, rng=random.Random(seed), fail_blind=fail_blind, narration=narration)
+    outputs = scripted_outputs(task, style, rng=random.Random(seed), fail_blind=fail_blind, narration=narration,
+                               narration_quotes=narration_quotes)
     policy = ScriptedPolicy(outputs)
     sink = ListSink()
     session = build_session(SessionParts(workspace, sandbox), policy=policy, profile=profile, sink=sink,
@@ -349,7 +356,8 @@ class DemoSet:
 def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: PromptProfile,
                       sandbox: Sandbox | None, store: WorkspaceStore, max_len: int, per_task: int = 1,
                       seed: int = 0, renamings: int = 0, tight: bool = True, shell_share: float = 0.0,
-                      narration: int = 0, progress: Callable[[], None] | None = None) -> DemoSet:
+                      narration: int = 0, narration_quotes: bool = True,
+                      progress: Callable[[], None] | None = None) -> DemoSet:
     """``per_task`` demonstrations of each task, each in a style drawn from
     ``random.Random(f"{seed}:{task.id}:{k}")`` (uniform over :data:`STYLES`; a blind one fails
     its first edit half the time), recorded on a fresh fork of the task's start and tokenised.
@@ -364,7 +372,7 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
     demonstrations of a task with a one-command form (:func:`shell_edit_for`) recorded in the
     ``shell`` style instead of the drawn one (drawn after it, so 0 leaves every other draw as it
     was). ``narration``: at most that many sentences before each model call's calls
-    (:func:`scripted_outputs`). Not guaranteed: that every demonstration's tests pass (see the
+    (:func:`scripted_outputs`; ``narration_quotes`` False: names in them bare). Not guaranteed: that every demonstration's tests pass (see the
     module docstring)."""
     import asyncio
 
@@ -395,7 +403,7 @@ def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: P
                     demo = asyncio.run(record_demo(demo_task, style, ws, sandbox, profile=profile,
                                                    seed=rng.randrange(1 << 30),
                                                    fail_blind=style == "blind" and rng.random() < 0.5,
-                                                   narration=narration))
+                                                   narration=narration, narration_quotes=narration_quotes))
                 finally:
                     ws.delete()
                 for j, variant in enumerate([demo, *_renamed(task, demo, renamings, rng, out)]):

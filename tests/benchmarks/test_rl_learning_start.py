@@ -32,7 +32,7 @@ def _module() -> ModuleType:
 def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     rl_learning = _module()
     args = argparse.Namespace(n_train=4, n_heldout=2, data_seed=0, preset="tiny", dagger_rounds=0, copy_head=False,
-                              sft_shell_share=0.5, sft_narration=2, sft_exit_weight=5.0)
+                              sft_shell_share=0.5, sft_narration=2, sft_exit_weight=5.0, sft_narration_bare=False)
     root = tmp_path / "first" / "start0"
     root.mkdir(parents=True)
     summary = asyncio.run(build_task_set(rl_learning.FAMILIES, 4, 2, 0, root / "tasks.jsonl", sandbox=make_sandbox()))
@@ -51,6 +51,8 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     assert json.loads((saved / "start.json").read_text())["sft_shell_share"] == 0.5  # the recipe keeps it
     assert json.loads((saved / "start.json").read_text())["sft_narration"] == 2
     assert json.loads((saved / "start.json").read_text())["sft_exit_weight"] == 5.0
+    assert json.loads((saved / "start.json").read_text())["sft_narration_bare"] is False
+    assert json.loads((saved / "start.json").read_text())["copy_successor_keys"] is False  # the checkpoint's
     assert json.loads((saved / "start.json").read_text())["pretrain_corpus"] is None  # no pretrained init
     assert json.loads((saved / "start.json").read_text())["pretrain_sources"] == ["stdlib", "site-packages"]
     save_checkpoint(root / "init", model, tok, step=1, extra={"corpus": "b27612bec878a5d9"}, profile=COMPACT_PROFILE)
@@ -88,6 +90,9 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
         rl_learning.adopt_start(argparse.Namespace(**{**vars(args), "sft_narration": 0}), saved, tmp_path / "third")
     with pytest.raises(SystemExit, match="built with sft_exit_weight=5.0, this run has 1.0"):
         rl_learning.adopt_start(argparse.Namespace(**{**vars(args), "sft_exit_weight": 1.0}), saved, tmp_path / "third")
+    with pytest.raises(SystemExit, match="built with sft_narration_bare=False, this run has True"):
+        rl_learning.adopt_start(argparse.Namespace(**{**vars(args), "sft_narration_bare": True}), saved,
+                                tmp_path / "third")
     recipe = json.loads((saved / "start.json").read_text())
     (saved / "start.json").write_text(json.dumps(recipe | {"tasks_sha256": "0" * 64}))
     (tmp_path / "fourth").mkdir()

@@ -14,7 +14,8 @@ from agent.model.tokenizer import Tokenizer, train_tokenizer
 from agent.model.transformer import MoETransformer
 from agent.prompt import profile_named
 from rl.config import SFTConfig
-from rl.train.demos import STYLES, DemoTask, demo_segments, demo_task_from_patch, record_demo, scripted_outputs
+from rl.train.demos import (STYLES, DemoTask, demo_segments, demo_task_from_patch, grep_pattern, record_demo,
+                            scripted_outputs)
 from rl.train.sft import train_sft
 from tools.sandbox import make_sandbox
 from tools.workspace import WorkspaceStore
@@ -167,6 +168,17 @@ def test_narration_names_the_tasks_files() -> None:
     prose = "\n".join(o.split("<tool_call", 1)[0] for o in outs)
     assert "calc.py" in prose and "test_calc.py" in prose and "python3 test_calc.py" in prose
     assert "{" not in prose  # every placeholder was filled
+
+
+def test_bare_narration_names_the_identifier_without_backticks_and_draws_the_same() -> None:
+    quoted = [o for seed in range(20) for o in scripted_outputs(_task(), "search", rng=random.Random(seed), narration=3)]
+    bare = [o for seed in range(20)
+            for o in scripted_outputs(_task(), "search", rng=random.Random(seed), narration=3, narration_quotes=False)]
+    ident = grep_pattern(_task().edits[0])  # "add": what the narration names
+    assert any(f"`{ident}`" in o for o in quoted)  # the templates quote it ...
+    assert not any(f"`{ident}`" in o for o in bare) and any(ident in o.split("<tool_call", 1)[0] for o in bare)
+    # ... and bare is the same text with the quotes dropped: the same draws, the same calls
+    assert [o.replace(f"`{ident}`", ident) for o in quoted] == bare
 
 
 def test_without_narration_a_seed_gives_the_transcript_it_gave_before_the_option() -> None:
