@@ -165,9 +165,17 @@ class CopyHead(nn.Module):
         twins = self.twin[successors]  # [B, N]
         if self.successor_keys is not None:
             # q_t · e[w] for the token w each entry emits: the pointer sees WHAT it would copy, which
-            # h_j (computed before x_{j+1} arrived) cannot tell it; [B, T, 2N] -> [B, T, 2, N]
-            emitted = self.successor_keys[torch.cat([successors, twins], dim=1)]  # [B, 2N, d]
-            raw = raw + (q @ emitted.transpose(1, 2)).view(raw.shape[0], raw.shape[1], 2, -1)
+            # h_j (computed before x_{j+1} arrived) cannot tell it. Few queries (decoding): scored once
+            # per vocabulary token ([B, T, V]) and gathered per entry, since gathering a [B, 2N, d] key
+            # table made a decode step 1.9x slower; many (training, prefill): the table, whose matmul
+            # and backward are cheaper there (benchmarks/copy_successor_cost.py). The same values.
+            emitted = torch.cat([successors, twins], dim=1)  # [B, 2N]
+            if q.shape[1] <= self.dim:
+                by_token = q @ self.successor_keys.T  # [B, T, V]
+                per_entry = by_token.gather(2, emitted[:, None, :].expand(-1, q.shape[1], -1))  # [B, T, 2N]
+            else:
+                per_entry = q @ self.successor_keys[emitted].transpose(1, 2)  # [B, T, 2N]
+            raw = raw + per_entry.view(raw.shape[0], raw.shape[1], 2, -1)
         raw = raw * scale
         # the same token (up to its twin) at the query and the key: the induction step "I just wrote
         # x; where was x; copy what came after it", one learned bonus per entry kind

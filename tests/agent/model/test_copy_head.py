@@ -209,7 +209,7 @@ def test_twin_entries_copy_a_span_whose_source_is_in_the_spaced_form() -> None:
     assert without <= 0.3, without  # the pointer can only emit the spaced ids the source holds
 
 
-SUCCESSOR_CFG = ModelConfig.preset("tiny", vocab_size=97, max_seq_len=64, copy_head=True, copy_successor_keys=True)
+SUCCESSOR_CFG = ModelConfig.preset("tiny", vocab_size=97, max_seq_len=128, copy_head=True, copy_successor_keys=True)
 
 
 def test_successor_keys_need_a_copy_head_and_start_as_the_head_without_them() -> None:
@@ -239,17 +239,19 @@ def test_successor_keys_through_the_cache_equal_the_plain_forward(min_distance: 
         for p in model.copy.parameters():  # type: ignore[union-attr]
             p.normal_(0, 0.5)
         model.copy.set_twins(torch.randperm(CFG.vocab_size, generator=torch.Generator().manual_seed(1)))  # type: ignore[union-attr]
-        seq = torch.randint(0, CFG.vocab_size, (2, 30))
+        # 90 tokens: the plain forward (90 queries > d_model 64) scores entries through the key table,
+        # the cached steps (8 and 1 queries) through the per-token scores; they must agree
+        seq = torch.randint(0, CFG.vocab_size, (2, 90))
         reference = model(seq).logits
         plain_keys = model.copy.successor_keys.clone()  # type: ignore[union-attr]
         model.copy.successor_keys.zero_()  # type: ignore[union-attr]
         assert float((model(seq).logits - reference).abs().max()) > 0.1  # the keys matter here
         model.copy.successor_keys.copy_(plain_keys)  # type: ignore[union-attr]
-        cache = KVCache(cfg, max_slots=3, max_len=64)
+        cache = KVCache(cfg, max_slots=3, max_len=128)
         model(seq[:, :12], cache=cache, slots=torch.tensor([2, 1]))
         cache.keep_prefix(0, 12, source=2)
         got = [model(seq[:, 12:20], cache=cache, slots=torch.tensor([0, 1])).logits]
-        for i in range(20, 30):
+        for i in range(20, 90):
             got.append(model(seq[:, i:i + 1], cache=cache, slots=torch.tensor([0, 1])).logits)
     torch.testing.assert_close(torch.cat(got, dim=1), reference[:, 12:], rtol=0, atol=1e-4)
 
