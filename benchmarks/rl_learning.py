@@ -235,8 +235,7 @@ def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
     recipe = json.loads((start / "start.json").read_text())
     # starts saved before these keys
     defaults = {"copy_head": False, "sft_narration": 0, "sft_exit_weight": 1.0, "sft_narration_bare": False}
-    for key in ("n_train", "n_heldout", "data_seed", "preset", "copy_head", "sft_narration", "sft_exit_weight",
-                "sft_narration_bare"):
+    for key in ("n_train", "n_heldout", "data_seed", "preset", *defaults):
         if getattr(args, key) != recipe.get(key, defaults.get(key)):
             built = recipe.get(key, defaults.get(key))
             raise SystemExit(f"--start {start}: it was built with {key}={built!r}, this run has "
@@ -299,13 +298,14 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
     from rl.rollout.log import MemoryRolloutLog
 
     t0 = time.perf_counter()
+    sft_cfg = load_config(start["sft"])  # the head's options are the start checkpoint's
     cfg = validate_run_config({
         "name": f"{name}-seed{seed}", "seed": seed, "out_dir": str(root / f"run{seed}"),
         "tasks": str(start["tasks_file"]), "iterations": args.iterations,
         "tasks_per_iteration": args.tasks_per_iteration, "lr": args.lr,
         "model": {"preset": args.preset, "init": str(start["sft"]), "copy_head": args.copy_head,
-                  "copy_min_distance": load_config(start["sft"]).copy_min_distance,
-                  "copy_successor_keys": load_config(start["sft"]).copy_successor_keys},
+                  "copy_min_distance": sft_cfg.copy_min_distance,
+                  "copy_successor_keys": sft_cfg.copy_successor_keys},
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "epochs": args.epochs, "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
                  "kl_estimator": args.kl_estimator, "routing_replay": args.routing_replay,
