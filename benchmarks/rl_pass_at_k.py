@@ -16,7 +16,9 @@ Reported: pass@j for j = 1, 2, 4, ... up to k (the unbiased estimator of Chen et
 the same k samples), per family and per difficulty, the greedy pass rate, the behaviour
 figures of the sampled rollouts, and what their rejected tool calls were told, by kind
 (``malformed_reasons``, the 12 most common: ``rl.behaviour.malformed_reasons``; with
-``--malformed-examples N`` also N of them with the model output they came from). Not guaranteed:
+``--malformed-examples N`` also N of them with the model output they came from), and the same
+calls by kind and by how their model output ended (``malformed_by_finish``: ``unclosed:length`` is
+a call the per-call token limit cut, ``unclosed:stop`` one the model ended itself). Not guaranteed:
 the figures of one seed are estimates (32 tasks give a standard error of several points); the limits are the RL run's (``--max-model-calls``,
 ``--max-tokens``), which the caller must keep equal to the run it compares with.
 """
@@ -78,7 +80,7 @@ def main() -> None:
     import ray
 
     from agent.events import EVENT_ADAPTER
-    from rl.behaviour import malformed_examples, malformed_reasons
+    from rl.behaviour import malformed_examples, malformed_finishes, malformed_reasons
     from rl.config import LimitsConfig
     from rl.rollout.driver import evaluate, load_split, sample_tasks
     from rl.types import Split
@@ -93,11 +95,13 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="rl-pass-at-k-")
     done = 0
     reasons: Counter[str] = Counter()
+    finishes: Counter[str] = Counter()
     examples: list[dict[str, str]] = []
 
     def tally(r: Any) -> None:
         events = [EVENT_ADAPTER.validate_python(e) for e in r.events]
         reasons.update(malformed_reasons(events))
+        finishes.update(malformed_finishes(events))
         if len(examples) < args.malformed_examples:
             examples.extend(malformed_examples(events, args.malformed_examples - len(examples), task=r.task_id))
 
@@ -127,7 +131,7 @@ def main() -> None:
         "by_difficulty": by_group(tasks, sampled.per_task, "difficulty"),
         "infra_errors": sampled.infra_errors, "behaviour": sampled.behaviour,
         "malformed_reasons": dict(reasons.most_common(12)), "malformed_total": sum(reasons.values()),
-        "malformed_examples": examples,
+        "malformed_by_finish": dict(finishes.most_common()), "malformed_examples": examples,
     }
     if greedy is not None:
         result["greedy_pass_rate"] = greedy.pass_at_1

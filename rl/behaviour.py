@@ -50,8 +50,8 @@ from typing import Any
 from agent.events import AssistantMessage, Event, FileEditEvent, ToolCallStarted, ToolResultEvent
 from agent.parser import StreamParser, TextDelta
 
-__all__ = ["MALFORMED_KINDS", "Behaviour", "behaviour", "malformed_examples", "malformed_kind", "malformed_reasons",
-           "prose_chars"]
+__all__ = ["MALFORMED_KINDS", "Behaviour", "behaviour", "malformed_examples", "malformed_finishes", "malformed_kind",
+           "malformed_reasons", "prose_chars"]
 
 EDIT_TOOLS = frozenset({"edit_file", "write_file"})
 _GREP_ROW = re.compile(r"^(.+?)[:-](\d+)[:-] ")
@@ -195,14 +195,36 @@ def malformed_reasons(events: Iterable[Event], *, width: int = 80) -> Counter[st
                    for _, result in _rejected(events))
 
 
-def malformed_examples(events: Iterable[Event], n: int, *, task: str = "", chars: int = 1200) -> list[dict[str, str]]:
-    """Up to ``n`` rejected calls of one rollout, each with its message's first line and the
-    model output of its step (the first ``chars`` characters): what the model actually wrote."""
+def malformed_finishes(events: Iterable[Event]) -> Counter[str]:
+    """The rejected calls of one rollout as ``"KIND:FINISH"`` counts: each call's
+    :func:`malformed_kind` and how its model output ended (the step's ``finish_reason``:
+    ``length`` when the per-call token limit cut it, ``stop`` when the model ended it itself,
+    ``unknown`` when the policy did not say). ``unclosed:length`` is a call the limit truncated;
+    ``unclosed:stop`` one the model stopped inside."""
     evs = list(events)
-    outputs = {(e.turn, e.step): e.text for e in evs if isinstance(e, AssistantMessage)}
-    return [{"task": task, "kind": malformed_kind(result.output), "message": _first_line(result.output),
-             "output": outputs.get((call.turn, call.step), "")[:chars]}
-            for call, result in _rejected(evs)[:n]]
+    finishes = _finishes(evs)
+    return Counter(f"{malformed_kind(result.output)}:{finishes.get((call.turn, call.step)) or 'unknown'}"
+                   for call, result in _rejected(evs))
+
+
+def malformed_examples(events: Iterable[Event], n: int, *, task: str = "", chars: int = 1200) -> list[dict[str, Any]]:
+    """Up to ``n`` rejected calls of one rollout, each with its message's first line, the model
+    output of its step (the first ``chars`` characters: what the model actually wrote), that
+    output's token count and how it ended (``finish``, as in :func:`malformed_finishes`)."""
+    evs = list(events)
+    steps = {(e.turn, e.step): e for e in evs if isinstance(e, AssistantMessage)}
+    finishes = _finishes(evs)
+    out: list[dict[str, Any]] = []
+    for call, result in _rejected(evs)[:n]:
+        step = steps.get((call.turn, call.step))
+        out.append({"task": task, "kind": malformed_kind(result.output), "message": _first_line(result.output),
+                    "output": step.text[:chars] if step else "", "output_tokens": step.output_tokens if step else 0,
+                    "finish": finishes.get((call.turn, call.step)) or "unknown"})
+    return out
+
+
+def _finishes(events: list[Event]) -> dict[tuple[int, int], str | None]:
+    return {(e.turn, e.step): e.finish_reason for e in events if isinstance(e, AssistantMessage)}
 
 
 def _rejected(events: Iterable[Event]) -> list[tuple[ToolCallStarted, ToolResultEvent]]:

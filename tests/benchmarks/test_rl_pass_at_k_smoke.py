@@ -53,6 +53,7 @@ def test_pass_at_k_reports_the_curve_groups_and_greedy(tmp_path: Path) -> None:
     # every rejected call of the sampled rollouts is tallied by kind
     assert result["malformed_total"] == round(result["behaviour"]["rollout_malformed_calls"] * 4)
     assert sum(result["malformed_reasons"].values()) <= result["malformed_total"]
+    assert sum(result["malformed_by_finish"].values()) == result["malformed_total"]
     assert len(result["malformed_examples"]) == min(2, result["malformed_total"])
 
 

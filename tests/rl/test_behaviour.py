@@ -10,7 +10,7 @@ from agent.events import AssistantMessage, Event, FileEditEvent, ListSink, ToolC
 from agent.parser import encode_call as call
 from agent.policies.scripted import ScriptedPolicy
 from agent.session import Limits, Session
-from rl.behaviour import MALFORMED_KINDS, behaviour, malformed_examples, malformed_reasons
+from rl.behaviour import MALFORMED_KINDS, behaviour, malformed_examples, malformed_finishes, malformed_reasons
 from tools.registry import default_tools
 from tools.workspace import WorkspaceStore
 
@@ -122,6 +122,24 @@ async def test_rejected_calls_of_a_real_session_are_sorted_into_kinds(tmp_path: 
     assert "reed_file" in first["output"] and first["output"] == second["output"]  # the model output of step 1
     assert first["message"].startswith("unknown tool 'reed_file'") and first["task"] == "t"
     assert len(malformed_examples(sink.events, 10)) == 4 and malformed_examples(sink.events, 0) == []
+    assert first["output_tokens"] > 0 and first["finish"] == "unknown"  # a scripted policy does not say
+    assert malformed_finishes(sink.events) == {"unknown_tool:unknown": 1, "invalid_args:unknown": 1,
+                                               "syntax:unknown": 1, "unclosed:unknown": 1}
+
+
+def test_malformed_finishes_tell_a_truncated_call_from_one_the_model_stopped() -> None:
+    unclosed = "malformed tool call: unclosed <tool_call name='grep'>: the response ended before </tool_call>"
+    events: list[Event] = [
+        AssistantMessage(step=1, text="<tool_call name=\"grep\"><pattern>x", output_tokens=192, finish_reason="length"),
+        *_call(1, 0, None, {}, unclosed, ok=False, valid=False),
+        AssistantMessage(step=2, text="<tool_call name=\"grep\">", output_tokens=9, finish_reason="stop"),
+        *_call(2, 0, None, {}, unclosed, ok=False, valid=False),
+        *_call(2, 1, "grep", {}, "invalid call to grep: missing pattern", ok=False, valid=False),
+    ]
+    assert malformed_finishes(events) == {"unclosed:length": 1, "unclosed:stop": 1, "invalid_args:stop": 1}
+    first, second, _ = malformed_examples(events, 3)
+    assert (first["finish"], first["output_tokens"], second["finish"]) == ("length", 192, "stop")
+    assert malformed_finishes([]) == {}
 
 
 @pytest.mark.sandbox
