@@ -20,7 +20,9 @@ editing, fewer blind edits, fewer tokens):
   response ended inside a call: out of tokens, or stopped), ``syntax`` (any
   other parse error), ``unknown_tool``, ``invalid_args`` (the schema: missing,
   unknown or repeated parameters), ``overflow`` (too many calls in one
-  response), ``other``;
+  response), ``other``; ``malformed_truncated`` — those of them (any kind) whose model
+  output the per-call token limit cut (the step's ``finish_reason`` is ``length``), so an
+  ``unclosed`` call the limit truncated tells itself from one the model stopped inside;
 * ``tokens`` — output tokens over all model calls;
 * ``prose_chars`` — characters of model output outside tool-call blocks (narration before,
   between and after the calls, surrounding whitespace excluded), over all model calls; per
@@ -74,6 +76,7 @@ class Behaviour:
     blind_edits: int = 0
     malformed_calls: int = 0
     malformed_by_kind: dict[str, int] = field(default_factory=dict)
+    malformed_truncated: int = 0  # rejected calls whose model output the per-call token limit cut
     tokens: int = 0
     file_writes: int = 0
     prose_chars: int = 0
@@ -91,6 +94,7 @@ class Behaviour:
             "malformed_calls": float(self.malformed_calls), "tokens": float(self.tokens),
             "file_writes": float(self.file_writes), "prose_chars": float(self.prose_chars),
             **{f"malformed_{k}": float(self.malformed_by_kind.get(k, 0)) for k in MALFORMED_KINDS},
+            "malformed_truncated": float(self.malformed_truncated),
         }
 
 
@@ -117,6 +121,7 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
     seen: set[str] = set()
     rejected: set[str] = set()
     evs = list(events)
+    finishes = _finishes(evs)
     for e in evs:
         if isinstance(e, FileEditEvent) and e.created:
             created.add(e.call_id)
@@ -131,6 +136,7 @@ def behaviour(events: Iterable[Event]) -> Behaviour:
             b.malformed_calls += not e.valid
             if not e.valid:
                 rejected.add(e.call_id)
+                b.malformed_truncated += finishes.get((e.turn, e.step)) == "length"
             calls[e.call_id] = (e.name, dict(e.args))
             if e.valid:  # a malformed call is not a parallel one: broken calls must not buy the metric
                 per_step[(e.turn, e.step)] = per_step.get((e.turn, e.step), 0) + 1

@@ -268,7 +268,7 @@ HELDOUT_KEYS = ("success_rate", "tokens_per_solved", "solved_by_command_share", 
                 "blind_edit_rate", "malformed_call_rate",
                 "tool_calls_per_model_call", "prose_chars_per_model_call", "rollout_model_calls", "rollout_sampled_tokens", "status_infra_error",
                 "rollout_limit_max_steps", "rollout_limit_timeout",
-                *(f"rollout_malformed_{kind}" for kind in MALFORMED_KINDS))
+                *(f"rollout_malformed_{kind}" for kind in MALFORMED_KINDS), "rollout_malformed_truncated")
 
 
 def heldout_metrics(source: RaySource, task_ids: Sequence[str], *, iteration: int, k: int, temperature: float,

@@ -16,7 +16,8 @@
   (``blind_edits`` / ``edits``), ``malformed_call_rate`` (``malformed_calls`` /
   ``tool_calls``) — ratios of sums, not means of ratios, so a long rollout weighs
   by its calls; ``rollout_malformed_<kind>`` (``rl.behaviour.MALFORMED_KINDS``) splits the
-  malformed calls per rollout by what was wrong with them;
+  malformed calls per rollout by what was wrong with them, and ``rollout_malformed_truncated``
+  counts those the per-call token limit cut;
 * ``rollout_wall_s_p50/p90/max`` from ``Rollout.metrics["wall_s"]``;
 * ``rollout_limit_max_steps`` / ``_max_tokens`` / ``_timeout``: the share of rollouts each
   limit ended (the worker writes 0/1 per rollout), so a clock that binds before the policy's
@@ -73,11 +74,13 @@ PLOTS: tuple[tuple[str, tuple[str, ...]], ...] = (  # panel title: metric keys d
     ("share of model calls with >= 2 parallel calls", ("parallel_call_share", "heldout_parallel_call_share")),
     ("blind-edit rate", ("blind_edit_rate", "heldout_blind_edit_rate")),
     ("malformed-call rate", ("malformed_call_rate", "heldout_malformed_call_rate")),
-    ("malformed calls per rollout, by kind", tuple(f"rollout_malformed_{k}" for k in MALFORMED_KINDS)),
+    ("malformed calls per rollout, by kind", (*(f"rollout_malformed_{k}" for k in MALFORMED_KINDS),
+                                              "rollout_malformed_truncated")),
     ("share of reinforced tokens in malformed calls", ("positive_malformed_token_frac",)),
     ("length term, mean over grouped rollouts (length_coef > 0)", ("length_bonus_mean",)),
     ("share of mixed groups whose longest rollout failed (length_coef > 0)", ("length_longest_failed_share",)),
-    ("held-out malformed calls per rollout, by kind", tuple(f"heldout_rollout_malformed_{k}" for k in MALFORMED_KINDS)),
+    ("held-out malformed calls per rollout, by kind", (*(f"heldout_rollout_malformed_{k}" for k in MALFORMED_KINDS),
+                                                       "heldout_rollout_malformed_truncated")),
     ("model calls per rollout", ("rollout_model_calls",)),
     ("share of rollouts ended by a limit", ("rollout_limit_max_steps", "rollout_limit_max_tokens",
                                            "rollout_limit_timeout")),

@@ -140,6 +140,8 @@ def test_malformed_finishes_tell_a_truncated_call_from_one_the_model_stopped() -
     first, second, _ = malformed_examples(events, 3)
     assert (first["finish"], first["output_tokens"], second["finish"]) == ("length", 192, "stop")
     assert malformed_finishes([]) == {}
+    m = behaviour(events).metrics()
+    assert (m["malformed_unclosed"], m["malformed_truncated"], m["malformed_calls"]) == (2.0, 1.0, 3.0)
 
 
 @pytest.mark.sandbox
