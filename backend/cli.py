@@ -236,6 +236,10 @@ def _add_model(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--copy-successor-keys", action="store_true",
                    help="with --copy-head: every pointer entry's score also sees the token it would emit "
                    "(agent/model/copy_head.py; RL configs then set model.copy_successor_keys: true)")
+    t.add_argument("--copy-context-only", action="store_true",
+                   help="with --copy-head: the pointer may not copy from the model output it is writing, only "
+                   "from the context before it (agent/model/copy_head.py; RL configs then set "
+                   "model.copy_context_only: true)")
 
     def run(args: argparse.Namespace) -> int:
         from agent.model.train import run_cli

@@ -118,7 +118,7 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
     init = root / "init"
     if args.copy_head:
         init = add_copy_head(init, root / "init_copyhead", sft_seed, args.copy_min_distance,
-                             args.copy_successor_keys)
+                             args.copy_successor_keys, args.copy_context_only)
     if args.copy_drill_steps:
         # copy drills between pretraining and SFT (agent.model.copy_drills; benchmarks/copy_probe.py):
         # the pretrained mini model learns to copy a path from its context only from these
@@ -151,7 +151,8 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         "tasks": json.loads((root / "tasks_summary.json").read_text())["written"]})
 
 
-def add_copy_head(init: Path, dest: Path, seed: int, min_distance: int = 1, successor_keys: bool = False) -> Path:
+def add_copy_head(init: Path, dest: Path, seed: int, min_distance: int = 1, successor_keys: bool = False,
+                  context_only: bool = False) -> Path:
     """``--copy-head``: ``init`` (pretrained without one, or a random init) with a fresh copy head
     (``agent.model.copy_head``) saved to ``dest``, which SFT starts from. Departure from training the
     head from the first pretraining step: the head is added after pretraining, so one pretrained init
@@ -162,15 +163,18 @@ def add_copy_head(init: Path, dest: Path, seed: int, min_distance: int = 1, succ
     from agent.model.copy_head import twin_ids
 
     if (dest / "model.safetensors").exists():
-        if load_config(dest).copy_successor_keys != successor_keys:
-            raise SystemExit(f"{dest} holds a copy head with copy_successor_keys="
-                             f"{not successor_keys}; remove it or use another --work-dir")
+        held = load_config(dest)
+        for key, want in (("copy_successor_keys", successor_keys), ("copy_context_only", context_only)):
+            if getattr(held, key) != want:
+                raise SystemExit(f"{dest} holds a copy head with {key}={not want}; remove it or use another "
+                                 "--work-dir")
         return dest
     model, tok = load_checkpoint(init)
     if model.cfg.copy_head:
         return init
     torch.manual_seed(seed)
-    save_checkpoint(dest, model.with_copy_head(twin_ids(tok), min_distance, successor_keys=successor_keys), tok,
+    save_checkpoint(dest, model.with_copy_head(twin_ids(tok), min_distance, successor_keys=successor_keys,
+                                               context_only=context_only), tok,
                     step=0, profile=load_profile(init))
     return dest
 
@@ -201,6 +205,7 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
         "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
         "preset": args.preset, "copy_head": args.copy_head, "tasks_sha256": _sha256(root / "tasks.jsonl"),
         "copy_successor_keys": load_config(checkpoint).copy_successor_keys,
+        "copy_context_only": load_config(checkpoint).copy_context_only,
         "dagger_rounds": args.dagger_rounds, "sft_shell_share": args.sft_shell_share,
         "sft_narration": args.sft_narration, "sft_exit_weight": args.sft_exit_weight,
         "sft_narration_bare": args.sft_narration_bare,
@@ -305,7 +310,8 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "tasks_per_iteration": args.tasks_per_iteration, "lr": args.lr,
         "model": {"preset": args.preset, "init": str(start["sft"]), "copy_head": args.copy_head,
                   "copy_min_distance": sft_cfg.copy_min_distance,
-                  "copy_successor_keys": sft_cfg.copy_successor_keys},
+                  "copy_successor_keys": sft_cfg.copy_successor_keys,
+                  "copy_context_only": sft_cfg.copy_context_only},
         "grpo": {"group_size": args.group, "norm_tokens": 256, "micro_batch": 4, "minibatches": args.minibatches,
                  "epochs": args.epochs, "dynamic_sampling": args.dynamic_sampling, "max_draws": args.max_draws, "kl_coef": args.kl_coef,
                  "kl_estimator": args.kl_estimator, "routing_replay": args.routing_replay,
@@ -482,6 +488,9 @@ def main() -> None:
     ap.add_argument("--copy-successor-keys", action="store_true",
                     help="with --copy-head: every pointer entry's score also sees the token it would emit "
                          "(ModelConfig.copy_successor_keys); a start built with it keeps it (its checkpoint config)")
+    ap.add_argument("--copy-context-only", action="store_true",
+                    help="with --copy-head: the pointer may not copy from the model output it is writing "
+                         "(ModelConfig.copy_context_only); a start built with it keeps it (its checkpoint config)")
     ap.add_argument("--sft-per-seed", action="store_true", help="a fresh SFT per seed (default: one, shared)")
     ap.add_argument("--pretrain-steps", type=int, help="pretrain on code this many steps before SFT (0: random init)")
     ap.add_argument("--copy-drill-steps", type=int, default=0,
@@ -610,6 +619,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "pretrain_sources": args.pretrain_sources,
                                                                  "copy_min_distance": args.copy_min_distance,
                                                                  "copy_successor_keys": args.copy_successor_keys,
+                                                                 "copy_context_only": args.copy_context_only,
                                                                  "dynamic_sampling": args.dynamic_sampling,
                                                                  "max_draws": args.max_draws,
                                                                  "kl_coef": args.kl_coef,

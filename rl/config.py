@@ -48,11 +48,14 @@ class ModelSection(_Section):
     copy_head: bool = False  # the preset with agent.model.copy_head (the init checkpoint must have it too)
     copy_min_distance: int = Field(1, ge=1)  # ModelConfig.copy_min_distance (the checkpoint's must match)
     copy_successor_keys: bool = False  # ModelConfig.copy_successor_keys (the checkpoint's must match)
+    copy_context_only: bool = False  # ModelConfig.copy_context_only (the checkpoint's must match)
 
     @model_validator(mode="after")
     def _check(self) -> ModelSection:
         if self.copy_successor_keys and not self.copy_head:
             raise ValueError("model.copy_successor_keys needs model.copy_head: true")
+        if self.copy_context_only and not self.copy_head:
+            raise ValueError("model.copy_context_only needs model.copy_head: true")
         return self
 
 

@@ -41,6 +41,10 @@ class ModelConfig:
     # successor-aware copy keys: every pointer entry's score also sees the token it would emit
     # (agent.model.copy_head, "One option"); only with copy_head
     copy_successor_keys: bool = False
+    # the copy head's pointer may not point into the model output it is writing (only at the context
+    # before that output's <|assistant|> marker): a pointer that copies its own output loops
+    # ("helium_nebula/helium_nebula/..."); agent.model.copy_head, "Context only". Only with copy_head
+    copy_context_only: bool = False
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_heads:
@@ -55,6 +59,8 @@ class ModelConfig:
             raise ValueError("copy_min_distance must be >= 1")
         if self.copy_successor_keys and not self.copy_head:
             raise ValueError("copy_successor_keys needs copy_head")
+        if self.copy_context_only and not self.copy_head:
+            raise ValueError("copy_context_only needs copy_head")
         if self.mxfp8_scope not in ("all", "experts"):
             raise ValueError(f"unknown mxfp8_scope {self.mxfp8_scope!r}: choose all or experts")
 

@@ -45,6 +45,17 @@ entry's score gains ``q_t · e[w]``, ``e [V, d]`` a learned key per emitted toke
 successor for successor entries, the twin for twin entries): "in this context, do not copy a
 backtick". ``e`` starts at zero, so a head that gains it scores exactly as before.
 
+**Context only** (``cfg.copy_context_only``, off by default), from the thirty-first run's finding that
+most unclosed calls are loops the per-call token limit cut (``sed -i 's/zephyr_jasper/helium_nebula/
+helium_nebula/helium_nebula/...``): having written ``/``, the pointer finds the ``/`` it wrote a few
+tokens earlier and copies what followed it — its own output — and a run longer than the minimum
+distance sustains itself. With the option a query inside a model output (the latest role or end
+marker at or before it is ``<|assistant|>``) may point only at entries before that output's
+``<|assistant|>`` marker (:func:`context_end`): it copies from the request, the files and the
+tool results, never from what it is writing; the LM head still can repeat. The bound is a function
+of the token ids alone, so the cached and the full forward agree; prefill positions of other
+messages keep the plain rule.
+
 Position 0 has only the sentinel (``g = 1``): the LM head alone. The head returns
 ``log p`` — a normalised log-distribution, so every consumer that takes ``log_softmax`` of the
 model's logits (SFT's cross-entropy, GRPO's logprobs, the engine's sampler) gets the mixture
@@ -64,11 +75,31 @@ import torch
 from torch import nn
 
 from agent.model.slot_rows import SlotRows
-from agent.model.tokenizer import TOOL_TOKENS, Tokenizer
+from agent.model.tokenizer import SPECIAL_TOKENS, TOOL_TOKENS, Tokenizer
 
-__all__ = ["CopyHead", "twin_ids"]
+__all__ = ["CopyHead", "context_end", "twin_ids"]
 
 _TINY = 1e-30  # log(0) guard: a token nothing points at gets -69 from the copy side, never -inf
+
+
+# the role markers and the end marker (ids 2..6 by the tokenizer's convention), and <|assistant|>
+_FIRST_MARKER, _LAST_MARKER = SPECIAL_TOKENS.index("<|system|>"), SPECIAL_TOKENS.index("<|end|>")
+_ASSISTANT = SPECIAL_TOKENS.index("<|assistant|>")
+
+
+def context_end(ids: torch.Tensor) -> torch.Tensor:
+    """``[B, N] -> [B, N]``: for each position ``t``, the first entry a context-only pointer may
+    not use — the position of the latest ``<|assistant|>`` marker when ``t`` lies in a model
+    output (the latest role or end marker at or before ``t`` is ``<|assistant|>``), else ``N``
+    (no bound beyond causality). The marker's own entry (which emits the output's first token)
+    is excluded with the output. Not guaranteed: anything about a sequence that does not
+    follow the chat template (a model output with no marker before it is not recognised)."""
+    n = ids.shape[1]
+    idx = torch.arange(n, device=ids.device)[None, :].expand_as(ids)
+    marker = (ids >= _FIRST_MARKER) & (ids <= _LAST_MARKER)
+    last = torch.where(marker, idx, torch.full_like(idx, -1)).cummax(dim=1).values
+    in_output = (last >= 0) & (ids.gather(1, last.clamp(min=0)) == _ASSISTANT)
+    return torch.where(in_output, last, torch.full_like(last, n))
 
 
 def twin_ids(tokenizer: Tokenizer) -> torch.Tensor:

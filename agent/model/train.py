@@ -319,7 +319,8 @@ def run_cli(args: argparse.Namespace) -> int:
         device=args.device, corpus_sources=tuple(getattr(args, "corpus_sources", None) or CODE_SOURCES),
         model_overrides={"mxfp8_scope": args.mxfp8_scope, "copy_head": bool(getattr(args, "copy_head", False)),
                          "copy_min_distance": int(getattr(args, "copy_min_distance", 1)),
-                         "copy_successor_keys": bool(getattr(args, "copy_successor_keys", False))},
+                         "copy_successor_keys": bool(getattr(args, "copy_successor_keys", False)),
+                         "copy_context_only": bool(getattr(args, "copy_context_only", False))},
         prompt_profile=getattr(args, "prompt_profile", None),
     )
     try:

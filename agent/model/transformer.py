@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from agent.model.config import ModelConfig
-from agent.model.copy_head import CopyHead
+from agent.model.copy_head import CopyHead, context_end
 from agent.model.moe import MoELayer, MoEOutput
 from agent.model.numerics import Linear, autocast_for, require_kernels
 from agent.model.slot_rows import SlotRows
@@ -277,6 +277,8 @@ class MoETransformer(nn.Module):
         if cache is None:
             b, t = input_ids.shape
             allowed = torch.ones(t, t, dtype=torch.bool, device=h.device).tril(-gap)[None].expand(b, t, t)
+            if self.cfg.copy_context_only:
+                allowed = allowed & (torch.arange(t, device=h.device)[None, None, :] < context_end(input_ids)[:, :, None])
             return self.copy.mixture(h, logits, keys, input_ids, input_ids, allowed)
         assert rows is not None and pos is not None and cache.copy_keys is not None and cache.ids is not None
         slots = rows.slots
@@ -284,7 +286,11 @@ class MoETransformer(nn.Module):
         cache.ids[slots[:, None], pos] = input_ids.to(cache.ids.device)
         n = int(pos[:, -1].max()) + 1
         all_keys, ids = rows.take(cache.copy_keys)[:, :n], cache.ids[slots, :n]
-        allowed = torch.arange(n, device=h.device)[None, None, :] <= pos[:, :, None] - gap
+        entries = torch.arange(n, device=h.device)[None, None, :]
+        allowed = entries <= pos[:, :, None] - gap
+        if self.cfg.copy_context_only:
+            # from the slot's whole id history, so a cached query gets the bound a full forward gives it
+            allowed = allowed & (entries < context_end(ids).gather(1, pos.to(ids.device))[:, :, None])
         return self.copy.mixture(h, logits, all_keys, ids, input_ids, allowed, rows=rows)
 
     @torch.no_grad()
@@ -300,19 +306,19 @@ class MoETransformer(nn.Module):
             block.moe.update_bias(counts)
 
     def with_copy_head(self, twin: torch.Tensor | None = None, min_distance: int = 1, *,
-                       successor_keys: bool = False) -> MoETransformer:
+                       successor_keys: bool = False, context_only: bool = False) -> MoETransformer:
         """A new model with these weights and a fresh copy head (``cfg.copy_head``; its init keeps
         the LM head's distribution mostly as it was, see :class:`CopyHead`). ``twin`` is
         :func:`agent.model.copy_head.twin_ids` of the model's tokenizer (None: no twin entries);
-        ``min_distance`` becomes ``cfg.copy_min_distance`` and ``successor_keys``
-        ``cfg.copy_successor_keys``. Raises ``ValueError`` if this model
+        ``min_distance`` becomes ``cfg.copy_min_distance``, ``successor_keys``
+        ``cfg.copy_successor_keys`` and ``context_only`` ``cfg.copy_context_only``. Raises ``ValueError`` if this model
         has one already."""
         from dataclasses import replace
 
         if self.copy is not None:
             raise ValueError("this model already has a copy head")
         model = MoETransformer(replace(self.cfg, copy_head=True, copy_min_distance=min_distance,
-                                       copy_successor_keys=successor_keys))
+                                       copy_successor_keys=successor_keys, copy_context_only=context_only))
         missing, unexpected = model.load_state_dict(self.state_dict(), strict=False)
         assert not unexpected and all(k.startswith("copy.") for k in missing), (missing, unexpected)
         if twin is not None:

@@ -197,7 +197,8 @@ def _checkpoint_and_profile(cfg: RunConfig) -> tuple[Any, Any, Any]:
     want = ModelConfig.preset(cfg.model.preset, vocab_size=model.cfg.vocab_size, max_seq_len=model.cfg.max_seq_len,
                               copy_head=cfg.model.copy_head,
                               copy_min_distance=cfg.model.copy_min_distance,
-                              copy_successor_keys=cfg.model.copy_successor_keys)
+                              copy_successor_keys=cfg.model.copy_successor_keys,
+                              copy_context_only=cfg.model.copy_context_only)
     check_architecture(want, model.cfg, where=str(init))
     profile = load_profile(init)
     if cfg.model.prompt_profile is not None and cfg.model.prompt_profile != profile.name:

@@ -106,7 +106,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
             from agent.model.copy_head import twin_ids
 
             model = model.with_copy_head(twin_ids(tok), min_distance=run_cfg.model.copy_min_distance,
-                                         successor_keys=run_cfg.model.copy_successor_keys)
+                                         successor_keys=run_cfg.model.copy_successor_keys,
+                                         context_only=run_cfg.model.copy_context_only)
         sandbox = make_sandbox()
     except (ConfigError, TaskFileError, CheckpointError, SandboxUnavailable, OSError, ValueError) as exc:
         return _fail("sft", str(exc))

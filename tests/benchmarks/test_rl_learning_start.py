@@ -53,6 +53,7 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     assert json.loads((saved / "start.json").read_text())["sft_exit_weight"] == 5.0
     assert json.loads((saved / "start.json").read_text())["sft_narration_bare"] is False
     assert json.loads((saved / "start.json").read_text())["copy_successor_keys"] is False  # the checkpoint's
+    assert json.loads((saved / "start.json").read_text())["copy_context_only"] is False
     assert json.loads((saved / "start.json").read_text())["pretrain_corpus"] is None  # no pretrained init
     assert json.loads((saved / "start.json").read_text())["pretrain_sources"] == ["stdlib", "site-packages"]
     save_checkpoint(root / "init", model, tok, step=1, extra={"corpus": "b27612bec878a5d9"}, profile=COMPACT_PROFILE)

@@ -24,6 +24,7 @@ def test_yaml_toml_json_load_the_same_config(tmp_path: Path) -> None:
     ("model:\n  preset: huge\n", r"model.preset: unknown preset 'huge'"),
     ("sft:\n  max_steps: 0\n", r"sft: .*max_steps: 0 .*needs dagger_rounds >= 1"),
     ("model:\n  copy_successor_keys: true\n", r"model: .*copy_successor_keys needs model.copy_head: true"),
+    ("model:\n  copy_context_only: true\n", r"model: .*copy_context_only needs model.copy_head: true"),
     ("sft:\n  edit_context: wide\n", r"sft.edit_context: Input should be 'minimal' or 'hunk'"),
     ("rollout:\n  temperature: 0\n", r"rollout.temperature: Input should be greater than 0"),
     ("- a\n- b\n", r"top level must be a mapping"),

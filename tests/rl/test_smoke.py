@@ -197,7 +197,7 @@ def test_smoke_dagger_round_relabels_the_models_own_calls(ray_session, sft_check
 
 def test_smoke_copy_head_policy_through_sft_and_grpo(ray_session, sft_checkpoint: tuple[Path, Path],
                                                      tmp_path: Path) -> None:
-    """``model.copy_head: true`` (with ``copy_successor_keys``): ``flywheel rl sft`` adds the head to a
+    """``model.copy_head: true`` (with ``copy_successor_keys`` and ``copy_context_only``): ``flywheel rl sft`` adds the head to a
     checkpoint without one, and the GRPO driver samples from it on Ray (the engine's cache holds the
     head's keys) and trains it; a run whose config leaves the head or its options out is refused,
     naming the field."""
@@ -209,7 +209,8 @@ def test_smoke_copy_head_policy_through_sft_and_grpo(ray_session, sft_checkpoint
     torch.manual_seed(0)
     init = MoETransformer(ModelConfig.preset("tiny", vocab_size=tok.vocab_size, max_seq_len=2048))
     save_checkpoint(root / "init", init, tok, step=0, profile=COMPACT_PROFILE)
-    head = {"preset": "tiny", "copy_head": True, "copy_min_distance": 4, "copy_successor_keys": True}
+    head = {"preset": "tiny", "copy_head": True, "copy_min_distance": 4, "copy_successor_keys": True,
+            "copy_context_only": True}
     (root / "sft.json").write_text(json.dumps({"model": head,
                                                "sft": {"lr": 3e-3, "batch": 3, "max_steps": 4, "eval_every": 2,
                                                        "patience": 2, "heldout_fraction": 0.25}}))
@@ -218,7 +219,7 @@ def test_smoke_copy_head_policy_through_sft_and_grpo(ray_session, sft_checkpoint
     assert rc == 0
     sft, _ = load_checkpoint(root / "sft")
     assert sft.cfg.copy_head and any(k.startswith("copy.") for k in sft.state_dict())
-    assert sft.cfg.copy_min_distance == 4 and sft.cfg.copy_successor_keys
+    assert sft.cfg.copy_min_distance == 4 and sft.cfg.copy_successor_keys and sft.cfg.copy_context_only
     assert sft.copy is not None and sft.copy.successor_keys is not None and "copy.successor_keys" in sft.state_dict()
     assert sft.copy is not None and torch.equal(sft.copy.twin, twin_ids(tok))  # the tokenizer's twins, saved
     run = {"name": "smoke-copy", "seed": 0, "out_dir": str(root / "run"), "tasks": str(tasks), "iterations": 1,
@@ -240,3 +241,6 @@ def test_smoke_copy_head_policy_through_sft_and_grpo(ray_session, sft_checkpoint
     with pytest.raises(CheckpointError, match="copy_successor_keys: run False, checkpoint True"):
         train(validate_run_config(run | {"name": "keyless", "out_dir": str(root / "run4"),
                                          "model": head | {"init": str(root / "sft"), "copy_successor_keys": False}}))
+    with pytest.raises(CheckpointError, match="copy_context_only: run False, checkpoint True"):
+        train(validate_run_config(run | {"name": "self-copy", "out_dir": str(root / "run5"),
+                                         "model": head | {"init": str(root / "sft"), "copy_context_only": False}}))

@@ -309,3 +309,69 @@ def test_successor_keys_learn_where_a_copy_stops_sooner_than_the_head_without_th
     # steps: the transformer can find the delimiter by attention, slowly), both 0.40 at 75
     assert with_keys >= 0.8, with_keys
     assert without <= with_keys - 0.3, (with_keys, without)
+
+
+_USER, _ASSISTANT, _TOOL, _ENDM = 3, 4, 5, 6  # the tokenizer's role and end marker ids
+
+
+def _chat_ids() -> torch.Tensor:
+    """Two model outputs, each after an ``<|assistant|>`` marker, with a tool result between them:
+    distinct ordinary tokens (ids >= 7), so a successor names its position."""
+    ordinary = iter(range(7, 97))
+    seq = [_USER, *(next(ordinary) for _ in range(10)), _ENDM, _ASSISTANT, *(next(ordinary) for _ in range(14)),
+           _ENDM, _TOOL, *(next(ordinary) for _ in range(8)), _ENDM, _ASSISTANT, *(next(ordinary) for _ in range(12))]
+    return torch.tensor([seq])
+
+
+def test_context_end_bounds_a_model_output_at_its_marker() -> None:
+    from agent.model.copy_head import context_end
+
+    ids = _chat_ids()
+    end = context_end(ids)[0]
+    first, second = 12, 38  # the two <|assistant|> markers
+    assert int(ids[0, first]) == _ASSISTANT and int(ids[0, second]) == _ASSISTANT
+    n = ids.shape[1]
+    assert end[:first].eq(n).all() and end[first:27].eq(first).all()  # the first output, to its <|end|>
+    assert end[27:second].eq(n).all() and end[second:].eq(second).all()  # the tool message; the second output
+
+
+def test_a_context_only_pointer_never_copies_the_output_it_is_writing() -> None:
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="copy_context_only needs copy_head"):
+        ModelConfig.preset("tiny", vocab_size=97, copy_context_only=True)
+    model = _model(cfg=replace(CFG, copy_min_distance=2, copy_context_only=True))
+    plain = _model(cfg=replace(CFG, copy_min_distance=2))
+    with torch.no_grad():
+        for m in (model, plain):
+            m.copy.sentinel_bias.fill_(-40.0)  # type: ignore[union-attr]  # all mass on the pointer
+        ids = _chat_ids()
+        p, q = model(ids).logits[0].exp(), plain(ids).logits[0].exp()
+    second = 38
+    for t in range(second + 3, ids.shape[1]):
+        inside = ids[0, second + 1:t]  # successors of entries j = second .. t - 2, inside the output
+        before = ids[0, 1:second + 1].unique()  # successors of entries j < second: the context
+        assert float(p[t, inside].sum()) < 1e-6 and float(p[t, before].sum()) > 0.99, t
+        assert float(q[t, inside].sum()) > 1e-3, t  # without the option the pointer does reach them
+    # outside a model output (the tool message) the two heads are the same function
+    torch.testing.assert_close(p[27:second + 1], q[27:second + 1], rtol=0, atol=1e-6)
+
+
+def test_context_only_through_the_cache_equals_the_plain_forward() -> None:
+    from dataclasses import replace
+
+    cfg = replace(SUCCESSOR_CFG, copy_min_distance=2, copy_context_only=True)
+    model = _model(cfg=cfg)
+    with torch.no_grad():
+        for p in model.copy.parameters():  # type: ignore[union-attr]
+            p.normal_(0, 0.5)
+        seq = torch.cat([_chat_ids(), torch.randint(7, 97, (1, 3))], dim=1).expand(2, -1).clone()
+        seq[1, 5:] = seq[1, 5:].roll(3)  # a second row whose markers sit elsewhere
+        reference = model(seq).logits
+        cache = KVCache(cfg, max_slots=3, max_len=128)
+        model(seq[:, :14], cache=cache, slots=torch.tensor([2, 1]))  # the prompt ends inside an output
+        cache.keep_prefix(0, 14, source=2)
+        got = [model(seq[:, 14:20], cache=cache, slots=torch.tensor([0, 1])).logits]
+        for i in range(20, seq.shape[1]):
+            got.append(model(seq[:, i:i + 1], cache=cache, slots=torch.tensor([0, 1])).logits)
+    torch.testing.assert_close(torch.cat(got, dim=1), reference[:, 14:], rtol=0, atol=1e-4)

@@ -57,15 +57,17 @@ def test_lr_schedule() -> None:
 
 def test_a_copy_head_run_saves_the_tokenizers_twins_and_the_pointer_distance(small_corpus: Corpus, tokenizer: Tokenizer,
                                                                              tmp_path: Path) -> None:
-    """``flywheel model train --copy-head --copy-min-distance 3 --copy-successor-keys``: the checkpoint
-    carries all three."""
+    """``flywheel model train --copy-head --copy-min-distance 3 --copy-successor-keys
+    --copy-context-only``: the checkpoint carries all four."""
     from agent.model.copy_head import twin_ids
 
     tc = TrainConfig(steps=2, seq_len=32, batch=2, seed=0, out=tmp_path,
-                     model_overrides={"copy_head": True, "copy_min_distance": 3, "copy_successor_keys": True})
+                     model_overrides={"copy_head": True, "copy_min_distance": 3, "copy_successor_keys": True,
+                                      "copy_context_only": True})
     train(tc, corpus=small_corpus, tokenizer=tokenizer, log=io.StringIO())
     model, tok = load_checkpoint(tmp_path)
     assert model.cfg.copy_head and model.cfg.copy_min_distance == 3 and model.cfg.copy_successor_keys
+    assert model.cfg.copy_context_only
     assert model.copy is not None and torch.equal(model.copy.twin, twin_ids(tok))
     assert int((model.copy.twin != torch.arange(tok.vocab_size)).sum()) > 0
 
