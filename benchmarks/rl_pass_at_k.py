@@ -20,7 +20,8 @@ figures of the sampled rollouts, and what their rejected tool calls were told, b
 calls by kind and by how their model output ended (``malformed_by_finish``: ``unclosed:length`` is
 a call the per-call token limit cut, ``unclosed:stop`` one the model ended itself). Not guaranteed:
 the figures of one seed are estimates (32 tasks give a standard error of several points); the limits are the RL run's (``--max-model-calls``,
-``--max-tokens``), which the caller must keep equal to the run it compares with.
+``--max-tokens``, ``--max-wall-s``), which the caller must keep equal to the run it compares with (until
+2026-12-07 the clock was a fixed 120 s, which a loaded machine hit in up to a quarter of the rollouts).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-model-calls", type=int, default=6, help="the RL run's limit (benchmarks/rl_learning.py)")
     ap.add_argument("--max-tokens", type=int, default=192, help="tokens per model call (the RL run's)")
+    ap.add_argument("--max-wall-s", type=float, default=900.0,
+                    help="wall clock per rollout (default 900, rl_learning's: high enough that the model-call "
+                         "limit binds; a lower one makes the figures depend on the machine's load)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--malformed-examples", type=int, default=0,
                     help="keep this many rejected calls with the model output they came from (`malformed_examples`)")
@@ -90,7 +94,7 @@ def main() -> None:
     if args.max_tasks is not None:
         tasks = sample_tasks(tasks, args.max_tasks, args.seed)
     limits = LimitsConfig(max_model_calls=args.max_model_calls,
-                          max_output_tokens=args.max_model_calls * args.max_tokens, max_wall_s=120).to_limits()
+                          max_output_tokens=args.max_model_calls * args.max_tokens, max_wall_s=args.max_wall_s).to_limits()
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
     tmp = tempfile.mkdtemp(prefix="rl-pass-at-k-")
     done = 0
@@ -125,7 +129,8 @@ def main() -> None:
     result: dict[str, Any] = {
         "checkpoint": str(args.checkpoint), "tasks_file": str(args.tasks), "split": args.split, "tasks": sampled.tasks,
         "k": args.k, "temperature": args.temperature,
-        "limits": {"max_model_calls": args.max_model_calls, "max_tokens_per_call": args.max_tokens},
+        "limits": {"max_model_calls": args.max_model_calls, "max_tokens_per_call": args.max_tokens,
+                   "max_wall_s": args.max_wall_s},
         "curve": pass_curve(sampled.per_task, args.k),
         "by_family": by_group(tasks, sampled.per_task, "family"),
         "by_difficulty": by_group(tasks, sampled.per_task, "difficulty"),

@@ -37,13 +37,14 @@ def test_pass_at_k_reports_the_curve_groups_and_greedy(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "rl_pass_at_k.py"), "--checkpoint", str(tmp_path / "ckpt"),
          "--tasks", str(tasks), "-k", "2", "--greedy", "--max-model-calls", "2", "--max-tokens", "16",
-         "--malformed-examples", "2", "--name", "rl_pass_at_k_smoke"],
+         "--malformed-examples", "2", "--max-wall-s", "200", "--name", "rl_pass_at_k_smoke"],
         cwd=ROOT, capture_output=True, text=True, timeout=280,
         env={**os.environ, "FLYWHEEL_BENCH_RESULTS": str(tmp_path / "results")})
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == json.loads((tmp_path / "results" / "rl_pass_at_k_smoke.json").read_text())
     assert result["tasks"] == 2 and result["k"] == 2 and result["infra_errors"] == 0
+    assert result["limits"] == {"max_model_calls": 2, "max_tokens_per_call": 16, "max_wall_s": 200.0}
     assert set(result["curve"]) == {"pass@1", "pass@2"}
     assert all(0.0 <= v <= 1.0 for v in result["curve"].values())
     assert result["curve"]["pass@2"] >= result["curve"]["pass@1"]
