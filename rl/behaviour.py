@@ -219,13 +219,12 @@ def malformed_examples(events: Iterable[Event], n: int, *, task: str = "", chars
     output's token count and how it ended (``finish``, as in :func:`malformed_finishes`)."""
     evs = list(events)
     steps = {(e.turn, e.step): e for e in evs if isinstance(e, AssistantMessage)}
-    finishes = _finishes(evs)
     out: list[dict[str, Any]] = []
     for call, result in _rejected(evs)[:n]:
         step = steps.get((call.turn, call.step))
         out.append({"task": task, "kind": malformed_kind(result.output), "message": _first_line(result.output),
                     "output": step.text[:chars] if step else "", "output_tokens": step.output_tokens if step else 0,
-                    "finish": finishes.get((call.turn, call.step)) or "unknown"})
+                    "finish": (step.finish_reason if step else None) or "unknown"})
     return out
 
 
