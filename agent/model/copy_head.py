@@ -54,7 +54,9 @@ marker at or before it is ``<|assistant|>``) may point only at entries before th
 ``<|assistant|>`` marker (:func:`context_end`): it copies from the request, the files and the
 tool results, never from what it is writing; the LM head still can repeat. The bound is a function
 of the token ids alone, so the cached and the full forward agree; prefill positions of other
-messages keep the plain rule. Measured (docs/rl/README.md, thirty-second run): against a sibling start from the same
+messages keep the plain rule.
+
+Measured (docs/rl/README.md, thirty-second run): against a sibling start from the same
 pretraining, a start trained with it makes 4× the invalid calls and its held-out pass@1 is 0.129
 against 0.168 — the demonstrations copy from the output they write (an edit's ``replace`` from its
 ``search``), and with those entries gone the pointer copies from the wrong place. Kept for
