@@ -37,6 +37,9 @@ def _add_tasks(sub: argparse._SubParsersAction) -> None:
                    "where rollout workers look)")
     b.add_argument("--n-train", type=int, default=32, help="training tasks to generate (default 32)")
     b.add_argument("--n-heldout", type=int, default=16, help="held-out tasks to generate (default 16)")
+    b.add_argument("--n-validation", type=int, default=0,
+                   help="validation tasks (own vocabulary, never trained on: for choosing a start or a "
+                   "temperature without reading the held-out split; default 0)")
     b.add_argument("--seed", type=int, default=0, help="task-set seed (default 0)")
     b.add_argument("--out", type=Path, required=True, help="JSONL file to write")
     b.add_argument("--unsafe-no-sandbox", action="store_true",
@@ -55,12 +58,13 @@ def _cmd_tasks_build(args: argparse.Namespace) -> int:
     from tools.sandbox import SandboxUnavailable
 
     families = [f.strip() for f in args.families.split(",") if f.strip()]
-    if args.n_train < 0 or args.n_heldout < 0:
-        print("flywheel rl tasks build: --n-train and --n-heldout must be >= 0", file=sys.stderr)
+    if min(args.n_train, args.n_heldout, args.n_validation) < 0:
+        print("flywheel rl tasks build: --n-train, --n-heldout and --n-validation must be >= 0", file=sys.stderr)
         return 2
     try:
         sdists = [s.strip() for s in args.sdists.split(",") if s.strip()]
-        total = len(plan(families, args.n_train, args.n_heldout, args.seed, sdists=sdists))
+        total = len(plan(families, args.n_train, args.n_heldout, args.seed, sdists=sdists,
+                         n_validation=args.n_validation))
         local = load_settings(LocalSettings, unsafe_no_sandbox=args.unsafe_no_sandbox or None)
         # realcode graders run the project's pytest: the sandbox must see this interpreter (read-only)
         sandbox = grader_sandbox(project=REALCODE in families, allow_unsandboxed=local.unsafe_no_sandbox)
@@ -76,12 +80,14 @@ def _cmd_tasks_build(args: argparse.Namespace) -> int:
     try:
         summary = asyncio.run(build_task_set(families, args.n_train, args.n_heldout, args.seed, args.out,
                                              sandbox=sandbox, progress=progress, sdists=sdists,
-                                             cache_dir=cache_dir))
+                                             cache_dir=cache_dir, n_validation=args.n_validation))
     finally:
         bar.close()
     written = sum(summary.written.values())
-    print(f"wrote {written} tasks to {args.out} (train {summary.written.get('train', 0)}, heldout "
-          f"{summary.written.get('heldout', 0)}); dropped {len(summary.dropped)} that failed validation")
+    per_split = ", ".join(f"{s} {summary.written.get(s, 0)}" for s in ("train", "heldout", "validation")
+                          if s != "validation" or args.n_validation)
+    print(f"wrote {written} tasks to {args.out} ({per_split}); dropped {len(summary.dropped)} that failed "
+          "validation")
     for task_id, why in summary.dropped[:20]:
         print(f"  dropped {task_id}: {why[:200]}")
     print(json.dumps(summary.to_json()))

@@ -62,7 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--tasks", type=Path, required=True)
-    ap.add_argument("--split", choices=["train", "heldout"], default="heldout")
+    ap.add_argument("--split", choices=["train", "heldout", "validation"], default="heldout")
     ap.add_argument("--max-tasks", type=int, default=24)
     ap.add_argument("--demos-per-task", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)

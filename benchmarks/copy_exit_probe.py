@@ -109,7 +109,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--tasks", type=Path, required=True)
-    ap.add_argument("--split", choices=["train", "heldout"], default="heldout")
+    ap.add_argument("--split", choices=["train", "heldout", "validation"], default="heldout")
     ap.add_argument("--families", nargs="*", default=None, help="only these task families (default: all)")
     ap.add_argument("--max-tasks", type=int, default=24)
     ap.add_argument("--shell-share", type=float, default=0.5, help="the start's sft.shell_share")

@@ -85,7 +85,7 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
         from tools.sandbox import make_sandbox
 
         built = asyncio.run(build_task_set(FAMILIES, args.n_train, args.n_heldout, args.data_seed, tasks_file,
-                                           sandbox=make_sandbox()))
+                                           sandbox=make_sandbox(), n_validation=args.n_validation))
         (root / "tasks_summary.json").write_text(json.dumps(built.to_json()))
     sft = root / "sft"
     if (root / "sft_done.json").exists():  # a --work-dir from an earlier, interrupted run
@@ -202,7 +202,8 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
     shutil.copy(root / "sft_done.json", dest / "sft_done.json")
     shutil.copy(root / "tasks_summary.json", dest / "tasks_summary.json")
     (dest / "start.json").write_text(json.dumps({
-        "n_train": args.n_train, "n_heldout": args.n_heldout, "data_seed": args.data_seed, "families": FAMILIES,
+        "n_train": args.n_train, "n_heldout": args.n_heldout, "n_validation": args.n_validation,
+        "data_seed": args.data_seed, "families": FAMILIES,
         "preset": args.preset, "copy_head": args.copy_head, "tasks_sha256": _sha256(root / "tasks.jsonl"),
         "copy_successor_keys": load_config(checkpoint).copy_successor_keys,
         "copy_context_only": load_config(checkpoint).copy_context_only,
@@ -239,7 +240,8 @@ def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
         raise SystemExit(f"--start {start}: not a --save-start directory (it needs start.json and sft/)")
     recipe = json.loads((start / "start.json").read_text())
     # starts saved before these keys
-    defaults = {"copy_head": False, "sft_narration": 0, "sft_exit_weight": 1.0, "sft_narration_bare": False}
+    defaults = {"copy_head": False, "sft_narration": 0, "sft_exit_weight": 1.0, "sft_narration_bare": False,
+                "n_validation": 0}
     for key in ("n_train", "n_heldout", "data_seed", "preset", *defaults):
         if getattr(args, key) != recipe.get(key, defaults.get(key)):
             built = recipe.get(key, defaults.get(key))
@@ -248,7 +250,7 @@ def adopt_start(args: argparse.Namespace, start: Path, root: Path) -> None:
     tasks_file = root / "tasks.jsonl"
     if not tasks_file.exists():
         asyncio.run(build_task_set(recipe["families"], recipe["n_train"], recipe["n_heldout"], recipe["data_seed"],
-                                   tasks_file, sandbox=make_sandbox()))
+                                   tasks_file, sandbox=make_sandbox(), n_validation=recipe.get("n_validation", 0)))
     if _sha256(tasks_file) != recipe["tasks_sha256"]:
         raise SystemExit(f"--start {start}: the rebuilt task set {tasks_file} differs from the one this start "
                          "was trained on (sha256); the task families changed since")
@@ -426,6 +428,9 @@ def main() -> None:
     ap.add_argument("--preset")
     ap.add_argument("--n-train", type=int)
     ap.add_argument("--n-heldout", type=int)
+    ap.add_argument("--n-validation", type=int, default=0,
+                    help="validation tasks in the task set (never trained on; benchmarks/rl_select_start.py "
+                    "chooses among starts on them; default 0)")
     ap.add_argument("--iterations", type=int)
     ap.add_argument("--eval-every", type=int)
     ap.add_argument("--sft-steps", type=int)

@@ -61,7 +61,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--tasks", type=Path, required=True)
-    ap.add_argument("--split", choices=["train", "heldout"], default="heldout")
+    ap.add_argument("--split", choices=["train", "heldout", "validation"], default="heldout")
     ap.add_argument("-k", "--k", type=int, default=16, help="samples per task at --temperature")
     ap.add_argument("--max-tasks", type=int, help="a seeded sample of the split (default: all of it)")
     ap.add_argument("--greedy", action="store_true", help="also one greedy (T=0) rollout per task")

@@ -1,4 +1,4 @@
-"""Which start, at which temperature, should GRPO run from? Free-running success on the RL TRAIN split.
+"""Which start, at which temperature, should GRPO run from? Free-running success on the VALIDATION split.
 
 Rebuilding one recipe gives starts that differ more than any GRPO run has changed them
 (docs/rl/README.md, fifteenth run: malformed-call rate 0.29 vs 0.42, call-limit endings 30% vs
@@ -7,10 +7,17 @@ now and then. So build a few starts of one recipe (``rl_learning.py --start-only
 DIR`` with other ``--seeds``) and keep the one that solves most of the tasks GRPO will train on.
 
 Each candidate (a ``--save-start`` directory) samples ``k`` rollouts of the same ``--max-tasks``
-RL *train*-split tasks (drawn with ``--seed``) through ``rl.rollout.driver.evaluate`` — the
+tasks of ``--split`` (drawn with ``--seed``) through ``rl.rollout.driver.evaluate`` — the
 production runtime, the evaluation ``flywheel rl eval`` runs — with the run's limits. The held-out
 split is never read: choosing a start by held-out success would be tuning on it. Candidates are
 ranked by pass@1, ties by the lower malformed-call rate.
+
+Which split: ``validation`` (the default; build the starts' task set with ``rl_learning.py
+--n-validation N``) holds tasks no candidate was trained on, named from a vocabulary of their own,
+so it asks what the held-out split asks — can the start copy names it never saw — without
+reading it. ``train`` was the first choice and could not tell starts apart: the train tasks were
+SFT's, and a start that breaks on new names still solves the names it was taught
+(docs/rl/README.md, thirty-second run: 0.130 vs 0.135 on train, 0.168 vs 0.129 held-out).
 
 ``--temperature`` takes several values: every (candidate, temperature) pair is evaluated on the
 same tasks with the same sampling seeds and ranked together, so one start can be given alone to
@@ -20,14 +27,13 @@ many rollouts on low-probability tokens that derail a copied path; sampling shar
 success GRPO's groups can reinforce — chosen here, on train tasks, never on held-out ones.
 
 Not guaranteed: the ranking is a sample (the standard error of one candidate's pass@1 is about
-sqrt(p(1-p)/(tasks*k)); the result reports it); the train tasks were also SFT's, so this measures
-free-running success where the start was taught, which is what GRPO's groups draw from, not
-generalisation.
+sqrt(p(1-p)/(tasks*k)); the result reports it); that validation success ranks starts as held-out
+success would (the validation split is a sample of other names, and small).
 
-    .venv/bin/python benchmarks/rl_select_start.py /work/runs/start16a /work/runs/start16b \\
-        --tasks /work/runs/w16a/start0/tasks.jsonl --max-tasks 48 -k 2 --name rl_select_start_sixteenth
+    .venv/bin/python benchmarks/rl_select_start.py /work/runs/start34a /work/runs/start34b \\
+        --tasks /work/runs/w34a/start0/tasks.jsonl -k 4 --name rl_select_start_thirty_third
     .venv/bin/python benchmarks/rl_select_start.py /work/runs/start22 --temperature 1.0 0.7 0.4 \\
-        --tasks /work/runs/w22/start0/tasks.jsonl --max-tasks 48 -k 2 --name rl_select_start_temperature
+        --tasks /work/runs/w22/start0/tasks.jsonl --split train --max-tasks 48 -k 2 --name rl_select_start_temperature
 """
 
 from __future__ import annotations
@@ -90,7 +96,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("candidates", nargs="+", type=Path, help="--save-start directories of one recipe")
     ap.add_argument("--tasks", type=Path, required=True, help="the task set the candidates were trained on")
-    ap.add_argument("--max-tasks", type=int, default=48, help="train-split tasks to sample (drawn with --seed)")
+    ap.add_argument("--split", choices=["validation", "train"], default="validation",
+                    help="which tasks to rank on (default validation; never the held-out split)")
+    ap.add_argument("--max-tasks", type=int, default=48, help="tasks of --split to sample (drawn with --seed)")
     ap.add_argument("-k", "--k", type=int, default=2, help="rollouts per task")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--temperature", type=float, nargs="+", default=[1.0],
@@ -113,11 +121,14 @@ def main() -> None:
     import ray
 
     from rl.config import LimitsConfig
-    from rl.rollout.driver import evaluate, load_split, sample_tasks
+    from rl.rollout.driver import DriverError, evaluate, load_split, sample_tasks
     from rl.tasks.spec import Split
     from tools.workspace import remove_store
 
-    tasks = sample_tasks(load_split(args.tasks, Split.TRAIN), args.max_tasks, args.seed)
+    try:
+        tasks = sample_tasks(load_split(args.tasks, Split(args.split)), args.max_tasks, args.seed)
+    except DriverError as exc:
+        raise SystemExit(f"rl_select_start: {exc}") from None
     limits = LimitsConfig(max_model_calls=args.max_model_calls,
                           max_output_tokens=args.max_model_calls * args.max_tokens,
                           max_wall_s=args.max_wall_s).to_limits()
@@ -144,11 +155,11 @@ def main() -> None:
                 "pretrain_corpus": recipes[c].get("pretrain_corpus"),
                 "seconds": round(time.perf_counter() - t0, 1)})
             print(f"{c} at T={temperature}: pass@1 {res.pass_at_1:.3f} ± {scores[-1]['pass_at_1_se']:.3f} "
-                  f"({res.tasks} train tasks × {res.k})", flush=True)
+                  f"({res.tasks} {args.split} tasks × {res.k})", flush=True)
     finally:
         ray.shutdown()
     ranking = rank(scores)
-    write_result(args.name, {"split": "train", "tasks": len(tasks), "k": args.k, "seed": args.seed,
+    write_result(args.name, {"split": args.split, "tasks": len(tasks), "k": args.k, "seed": args.seed,
                              "temperatures": args.temperature, "max_tokens": args.max_tokens,
                              "max_model_calls": args.max_model_calls, "best": ranking[0]["candidate"],
                              "best_temperature": ranking[0]["temperature"],

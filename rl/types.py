@@ -17,8 +17,19 @@ from typing import Any
 
 
 class Split(enum.StrEnum):
+    """Which part of a task set a task belongs to. ``TRAIN``: SFT demonstrations and GRPO's
+    groups. ``VALIDATION``: never trained on, with a vocabulary of its own, for choices made
+    before a run (which start, which temperature) that must not read the held-out split.
+    ``HELDOUT``: only measured."""
+
     TRAIN = "train"
     HELDOUT = "heldout"
+    VALIDATION = "validation"
+
+
+#: Task ``i`` of a split gets the seed ``S * 1_000_000 + SPLIT_SEED_OFFSET[split] + i``: seeds
+#: never repeat across splits while a split holds fewer than 250,000 tasks.
+SPLIT_SEED_OFFSET: dict[Split, int] = {Split.TRAIN: 0, Split.HELDOUT: 500_000, Split.VALIDATION: 750_000}
 
 
 class RolloutStatus(enum.StrEnum):

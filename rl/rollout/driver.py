@@ -101,7 +101,9 @@ def load_split(path: Path | None, split: Split | None) -> list[Task]:
         raise DriverError("no task set: set `tasks:` in the run config (a file from `flywheel rl tasks build`)")
     tasks = [t for t in load_tasks(path) if split is None or t.split is split]
     if not tasks:
-        raise DriverError(f"{path} has no {split.value if split else ''} tasks".replace("  ", " "))
+        hint = (" (build it with `flywheel rl tasks build --n-validation N`, or rl_learning.py --n-validation N)"
+                if split is Split.VALIDATION else "")
+        raise DriverError(f"{path} has no {split.value if split else ''} tasks".replace("  ", " ") + hint)
     return tasks
 
 

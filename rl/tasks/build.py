@@ -1,10 +1,13 @@
 """Build a task set: generate, validate every task, write the JSONL atomically.
 
 ``flywheel rl tasks build --families fix_bug,rename --n-train N --n-heldout M
---seed S --out FILE`` calls :func:`build_task_set`. Task ``i`` of a split gets
-the seed ``S * 1_000_000 + i`` (train) or ``S * 1_000_000 + 500_000 + i``
-(held-out): seeds never repeat across splits, and the vocabularies differ too
-(:mod:`rl.tasks.vocab`). Families take turns; difficulty cycles 1..3.
+[--n-validation V] --seed S --out FILE`` calls :func:`build_task_set`. Task ``i``
+of a split gets the seed ``S * 1_000_000 + i`` (train), ``S * 1_000_000 +
+500_000 + i`` (held-out) or ``S * 1_000_000 + 750_000 + i`` (validation):
+seeds never repeat across splits, and the vocabularies differ too
+(:mod:`rl.tasks.vocab`). Families take turns; difficulty cycles 1..3. The
+validation split is built after the other two, so adding it leaves their
+tasks as they were.
 
 Validation (:func:`validate`) builds the starting workspace and grades it in
 the sandbox: the grader must *fail* without error there, then *pass* on a
@@ -41,7 +44,7 @@ from rl.tasks.grading import GraderConfig, grade
 from rl.tasks.realcode import REALCODE, draft_tasks, parse_pins
 from rl.tasks.spec import GeneratedSource, Grader, Task, write_tasks
 from rl.tasks.workspaces import TaskSourceError, apply_patch, default_sdist_cache, materialise
-from rl.types import Split
+from rl.types import SPLIT_SEED_OFFSET, Split
 from tools.sandbox import Sandbox
 from tools.workspace import WorkspaceStore
 
@@ -59,7 +62,7 @@ def make_task(family: str, split: Split, seed: int, difficulty: int) -> Task:
 
 
 def plan(families: Sequence[str], n_train: int, n_heldout: int, seed: int, *,
-         sdists: Sequence[str] = ()) -> list[tuple[str, Split, int, int]]:
+         sdists: Sequence[str] = (), n_validation: int = 0) -> list[tuple[str, Split, int, int]]:
     """(family, split, seed, difficulty) for every task to build (``realcode`` slots are filled
     from ``sdists``, which it then requires: ``NAME==VERSION[@sha256:HEX]``)."""
     unknown = [f for f in families if f not in FAMILIES and f != REALCODE]
@@ -69,9 +72,11 @@ def plan(families: Sequence[str], n_train: int, n_heldout: int, seed: int, *,
         raise ValueError("the realcode family needs sdists to mutate: --sdists NAME==VERSION[,...] "
                          "(e.g. toolz==1.0.0)")
     out = []
-    for split, n, offset in ((Split.TRAIN, n_train, 0), (Split.HELDOUT, n_heldout, 500_000)):
+    for split, n in ((Split.TRAIN, n_train), (Split.HELDOUT, n_heldout), (Split.VALIDATION, n_validation)):
+        if n > 250_000:
+            raise ValueError(f"{n} {split.value} tasks: at most 250,000 per split (their seeds would repeat)")
         for i in range(n):
-            out.append((families[i % len(families)], split, seed * 1_000_000 + offset + i,
+            out.append((families[i % len(families)], split, seed * 1_000_000 + SPLIT_SEED_OFFSET[split] + i,
                         1 + (i // len(families)) % MAX_DIFFICULTY))
     return out
 
@@ -122,10 +127,11 @@ async def build_task_set(
     families: Sequence[str], n_train: int, n_heldout: int, seed: int, out: Path, *, sandbox: Sandbox,
     concurrency: int = 2, progress: Callable[[Task, str | None], None] | None = None,
     sdists: Sequence[str] = (), cache_dir: Path | None = None, config: GraderConfig | None = None,
+    n_validation: int = 0,
 ) -> BuildSummary:
     """Generate, validate and write the set to ``out``; see the module docstring.
     ``cache_dir`` caches the downloaded sdists (default :func:`rl.tasks.workspaces.default_sdist_cache`)."""
-    jobs = plan(families, n_train, n_heldout, seed, sdists=sdists)
+    jobs = plan(families, n_train, n_heldout, seed, sdists=sdists, n_validation=n_validation)
     real = Counter(split for fam, split, _, _ in jobs if fam == REALCODE)
     jobs = [j for j in jobs if j[0] != REALCODE]
     summary = BuildSummary()
@@ -134,6 +140,7 @@ async def build_task_set(
         tasks: list[Task] = [make_task(*j) for j in jobs]
         if real:
             drafts, unusable = await draft_tasks(parse_pins(sdists), real[Split.TRAIN], real[Split.HELDOUT], seed,
+                                                 n_validation=real[Split.VALIDATION],
                                                  sandbox=sandbox, store=store, config=config,
                                                  cache_dir=cache_dir or default_sdist_cache())
             tasks += drafts

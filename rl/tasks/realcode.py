@@ -45,7 +45,7 @@ from rl.tasks.grading import GraderConfig, grade
 from rl.tasks.mutations import Mutation, enumerate_mutations, failure_query
 from rl.tasks.spec import Grader, SdistSource, Task
 from rl.tasks.workspaces import TaskSourceError, check_sdist_name, fetch_sdist, sha256_file, unpack_sdist
-from rl.types import Split
+from rl.types import SPLIT_SEED_OFFSET, Split
 from tools.sandbox import Sandbox
 from tools.workspace import Workspace, WorkspaceStore
 
@@ -188,10 +188,10 @@ async def _draft_one(pin: SdistPin, counts: dict[Split, int], seed: int, *, sand
     sha = pin.sha256 or sha256_file(archive)
     layout, sources, candidates, base = await asyncio.to_thread(_prepare, pin, archive, seed, store)
     try:
-        plan = [Split.TRAIN] * counts.get(Split.TRAIN, 0) + [Split.HELDOUT] * counts.get(Split.HELDOUT, 0)
+        plan = [s for s in (Split.TRAIN, Split.HELDOUT, Split.VALIDATION) for _ in range(counts.get(s, 0))]
         if not plan:
             return []
-        offsets = {Split.TRAIN: 0, Split.HELDOUT: 500_000}
+        offsets = SPLIT_SEED_OFFSET
         everything = list(layout.test_dirs)
         probe_ref = "(the reverse of source.patch)"
         # the unmodified suite must pass, or no mutation result means anything
@@ -235,16 +235,16 @@ async def _draft_one(pin: SdistPin, counts: dict[Split, int], seed: int, *, sand
 async def draft_tasks(pins: Sequence[SdistPin], n_train: int, n_heldout: int, seed: int, *, sandbox: Sandbox,
                       store: WorkspaceStore, cache_dir: Path, config: GraderConfig | None = None,
                       tries_per_task: int = 4, progress: Callable[[str], None] | None = None,
-                      ) -> tuple[list[Task], list[tuple[str, str]]]:
-    """Up to ``n_train`` + ``n_heldout`` drafts spread over ``pins`` (not yet validated), and
+                      n_validation: int = 0) -> tuple[list[Task], list[tuple[str, str]]]:
+    """Up to ``n_train`` + ``n_heldout`` + ``n_validation`` drafts spread over ``pins`` (not yet validated), and
     ``(sdist, reason)`` for each package that could not be used. A package gets
     ``n // len(pins)`` tasks per split (the first ones one more) and tries at most
     ``tries_per_task`` mutations per task it owes: fewer may come back (not guaranteed to fill)."""
     drafts: list[Task] = []
     dropped: list[tuple[str, str]] = []
     for j, pin in enumerate(pins):
-        counts = {s: n // len(pins) + (j < n % len(pins)) for s, n in ((Split.TRAIN, n_train),
-                                                                       (Split.HELDOUT, n_heldout))}
+        counts = {s: n // len(pins) + (j < n % len(pins))
+                  for s, n in ((Split.TRAIN, n_train), (Split.HELDOUT, n_heldout), (Split.VALIDATION, n_validation))}
         owed = sum(counts.values())
         try:
             drafts += await _draft_one(pin, counts, seed, sandbox=sandbox, store=store, cache_dir=cache_dir,

@@ -35,7 +35,16 @@ HELDOUT_WORDS: tuple[str, ...] = (
     "lynx", "orbit", "pixel", "sonar", "tango", "umber", "violet", "wombat", "zephyr", "acorn",
     "badger", "cobalt", "delta", "equinox", "fjord", "gecko", "helium", "iris", "jasper", "kelp",
 )
+#: The validation split's words: disjoint from both others (and no word of either inside one), so
+#: choosing a start by validation success rewards copying new names, as the held-out split does,
+#: without reading the held-out split.
+VALIDATION_WORDS: tuple[str, ...] = (
+    "saffron", "marmot", "walrus", "heron", "lagoon", "basalt", "cinder", "fennel", "granite", "indigo",
+    "juniper", "kestrel", "lichen", "mango", "nutmeg", "otter", "pebble", "thistle", "willow", "alder",
+    "birch", "cypress", "dahlia", "egret", "ferret", "heather", "ibis", "jackal", "koala", "lemur",
+)
 assert not set(TRAIN_WORDS) & set(HELDOUT_WORDS)
+assert not set(VALIDATION_WORDS) & (set(TRAIN_WORDS) | set(HELDOUT_WORDS))
 
 SCAFFOLD = frozenset({
     "unittest", "TestCase", "self", "assertEqual", "assertTrue", "assertFalse", "assertIn", "assertNotIn",
@@ -50,4 +59,4 @@ SCAFFOLD = frozenset({
 
 
 def words_for(split: Split) -> tuple[str, ...]:
-    return TRAIN_WORDS if split is Split.TRAIN else HELDOUT_WORDS
+    return {Split.TRAIN: TRAIN_WORDS, Split.HELDOUT: HELDOUT_WORDS, Split.VALIDATION: VALIDATION_WORDS}[split]

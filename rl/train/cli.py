@@ -52,7 +52,7 @@ def add_commands(sub: argparse._SubParsersAction, *, make_log: Callable[[], Any]
     e.add_argument("--base-url")
     e.add_argument("--model")
     e.add_argument("--tasks", type=Path, required=True)
-    e.add_argument("--split", choices=["train", "heldout"], default="heldout")
+    e.add_argument("--split", choices=["train", "heldout", "validation"], default="heldout")
     e.add_argument("-k", "--k", type=int, default=4, help="samples per task (pass@k)")
     e.add_argument("--api", choices=["chat", "completions"], default="chat",
                    help="--policy openai: chat (any server) or completions (the runtime's own rendered text)")

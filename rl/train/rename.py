@@ -36,7 +36,7 @@ import string
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from rl.tasks.vocab import HELDOUT_WORDS, SCAFFOLD, TRAIN_WORDS
+from rl.tasks.vocab import HELDOUT_WORDS, SCAFFOLD, TRAIN_WORDS, VALIDATION_WORDS
 
 if TYPE_CHECKING:
     from rl.tasks.spec import Task
@@ -89,10 +89,14 @@ def apply_renaming(text: str, mapping: Mapping[str, str]) -> str:
     return pat.sub(lambda m: forms[m.group(0)], text)
 
 
+#: words SFT must never write: the held-out and validation splits'
+_UNSEEN = HELDOUT_WORDS + VALIDATION_WORDS
+
+
 def _fresh(rng: random.Random, avoid: set[str], pool_share: float) -> str:
     while True:
         w = rng.choice(TRAIN_WORDS) if rng.random() < pool_share else _random_word(rng)
-        if w in avoid or any(h in w for h in HELDOUT_WORDS) or "_" in w or not w.isalpha():
+        if w in avoid or any(h in w for h in _UNSEEN) or "_" in w or not w.isalpha():
             continue
         avoid.add(w)
         return w
@@ -101,7 +105,7 @@ def _fresh(rng: random.Random, avoid: set[str], pool_share: float) -> str:
 def renaming_for(task: Task, rng: random.Random, *, system_text: str = "",
                  pool_share: float = 0.3) -> dict[str, str] | None:
     """A checked mapping from ``task``'s names to fresh ones (``pool_share`` of them other training words,
-    the rest random letters; never a held-out word or one containing it), or None when the task cannot be
+    the rest random letters; never a held-out or validation word or one containing it), or None when the task cannot be
     renamed safely (no recorded names, a name in the scaffold, or a substitution the regenerated task
     contradicts)."""
     from rl.tasks.families import FAMILIES, generate

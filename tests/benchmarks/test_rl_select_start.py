@@ -1,6 +1,7 @@
 """benchmarks/rl_select_start.py: candidates must be starts of the given task set; the ranking is
 by pass@1, ties by the malformed-call rate; and an end-to-end run over two tiny starts at two
-temperatures writes a ranking of the four pairs, evaluated on TRAIN-split tasks."""
+temperatures writes a ranking of the four pairs, evaluated on VALIDATION-split tasks (a task set
+without them is a clear error)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _start(dest: Path, tasks: Path, seed: int) -> Path:
 @pytest.fixture(scope="module")
 def task_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("select") / "tasks.jsonl"
-    asyncio.run(build_task_set(["fix_bug", "find_change"], 4, 2, 0, path, sandbox=make_sandbox()))
+    asyncio.run(build_task_set(["fix_bug", "find_change"], 4, 2, 0, path, sandbox=make_sandbox(), n_validation=2))
     return path
 
 
@@ -78,8 +79,8 @@ def test_ranked_by_pass_at_1_then_fewer_malformed_calls() -> None:
 
 
 @pytest.mark.timeout(600)
-def test_two_tiny_starts_at_two_temperatures_are_evaluated_on_train_tasks_and_ranked(tmp_path: Path,
-                                                                                    task_file: Path) -> None:
+def test_two_tiny_starts_at_two_temperatures_are_evaluated_on_validation_tasks_and_ranked(tmp_path: Path,
+                                                                                         task_file: Path) -> None:
     a, b = _start(tmp_path / "a", task_file, 0), _start(tmp_path / "b", task_file, 1)
     env = {**os.environ, "FLYWHEEL_BENCH_RESULTS": str(tmp_path / "results")}
     r = subprocess.run([sys.executable, str(BENCH / "rl_select_start.py"), str(a), str(b), "--tasks", str(task_file),
@@ -89,7 +90,7 @@ def test_two_tiny_starts_at_two_temperatures_are_evaluated_on_train_tasks_and_ra
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert json.loads((tmp_path / "results" / "select_test.json").read_text())["ranking"] == out["ranking"]
-    assert out["split"] == "train" and out["tasks"] == 2 and out["k"] == 1
+    assert out["split"] == "validation" and out["tasks"] == 2 and out["k"] == 1
     assert sorted((s["candidate"], s["temperature"]) for s in out["ranking"]) == sorted(
         (str(c), t) for c in (a, b) for t in (1.0, 0.5))
     assert (out["best"], out["best_temperature"]) == (out["ranking"][0]["candidate"], out["ranking"][0]["temperature"])
@@ -97,6 +98,15 @@ def test_two_tiny_starts_at_two_temperatures_are_evaluated_on_train_tasks_and_ra
         assert 0.0 <= s["pass_at_1"] <= 1.0 and s["infra_errors"] == 0
         assert set(s["per_family"]) <= {"fix_bug", "find_change"}
     assert {s["sft_best_heldout_loss"] for s in out["ranking"]} == {5.0, 6.0}
+
+
+def test_a_task_set_without_validation_tasks_is_refused(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    asyncio.run(build_task_set(["fix_bug"], 2, 1, 0, tasks, sandbox=make_sandbox()))
+    a, b = _start(tmp_path / "a", tasks, 0), _start(tmp_path / "b", tasks, 1)
+    r = subprocess.run([sys.executable, str(BENCH / "rl_select_start.py"), str(a), str(b), "--tasks", str(tasks)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "has no validation tasks" in r.stderr and "--n-validation" in r.stderr
 
 
 def test_fewer_than_two_candidates_is_refused(tmp_path: Path, task_file: Path) -> None:

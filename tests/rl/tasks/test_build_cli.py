@@ -26,6 +26,27 @@ def test_build_writes_validated_tasks(tmp_path: Path, capsys: pytest.CaptureFixt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks.jsonl"]
 
 
+@pytest.mark.sandbox
+def test_build_writes_a_validation_split_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                    sandbox: object) -> None:
+    out = tmp_path / "tasks.jsonl"
+    rc = main(["rl", "tasks", "build", "--families", "rename,find_change", "--n-train", "2",
+               "--n-heldout", "1", "--n-validation", "2", "--seed", "5", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "train 2, heldout 1, validation 2" in printed
+    valid = [t for t in load_tasks(out) if t.split is Split.VALIDATION]
+    assert [t.family for t in valid] == ["rename", "find_change"]
+    assert all(t.id.startswith(f"{t.family}-validation-") for t in valid)
+    assert json.loads(printed.strip().splitlines()[-1])["written"] == {"train": 2, "heldout": 1, "validation": 2}
+
+
+def test_a_negative_count_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["rl", "tasks", "build", "--n-validation", "-1", "--out", str(tmp_path / "t.jsonl")])
+    assert rc == 2 and "--n-validation must be >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "t.jsonl").exists()
+
+
 def test_unknown_family_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["rl", "tasks", "build", "--families", "fix_bug,bogus", "--out", str(tmp_path / "t.jsonl")])
     assert rc == 2

@@ -53,13 +53,34 @@ def test_held_out_names_never_appear_in_train() -> None:
     assert _words(held) & _words(train) <= {"test", "0", "1", "2", "3", "4", "5", "6"}
 
 
+def test_validation_names_appear_in_neither_other_split() -> None:
+    jobs = plan(list(FAMILIES), 40, 40, seed=3, n_validation=40)
+    by_split = {sp: set().union(*(_names(make_task(*j)) for j in jobs if j[1] is sp)) for sp in Split}
+    valid = by_split[Split.VALIDATION]
+    assert len(valid) > 40
+    for other in (Split.TRAIN, Split.HELDOUT):
+        assert (valid & by_split[other]) - SCAFFOLD == set()
+        assert _words(valid) & _words(by_split[other]) <= {"test", "0", "1", "2", "3", "4", "5", "6"}
+
+
+def test_adding_a_validation_split_leaves_the_other_tasks_as_they_were() -> None:
+    without = plan(list(FAMILIES), 8, 4, seed=2)
+    with_valid = plan(list(FAMILIES), 8, 4, seed=2, n_validation=6)
+    assert with_valid[: len(without)] == without
+    assert [j[1] for j in with_valid[len(without):]] == [Split.VALIDATION] * 6
+    seeds = {sp: {s for _, x, s, _ in with_valid if x is sp} for sp in Split}
+    assert not seeds[Split.VALIDATION] & (seeds[Split.TRAIN] | seeds[Split.HELDOUT])
+    with pytest.raises(ValueError, match="at most 250,000"):
+        plan(list(FAMILIES), 1, 1, seed=0, n_validation=250_001)
+
+
 def test_no_invented_name_is_a_stdlib_module() -> None:
     # a task's module named `enum` or `json` would shadow what the grader's unittest imports
     import sys
 
-    from rl.tasks.vocab import HELDOUT_WORDS, TRAIN_WORDS
+    from rl.tasks.vocab import HELDOUT_WORDS, TRAIN_WORDS, VALIDATION_WORDS
 
-    assert not set(TRAIN_WORDS + HELDOUT_WORDS) & sys.stdlib_module_names
+    assert not set(TRAIN_WORDS + HELDOUT_WORDS + VALIDATION_WORDS) & sys.stdlib_module_names
     jobs = plan(list(FAMILIES), 40, 8, seed=5)
     paths = {part.removesuffix(".py") for j in jobs for p in make_task(*j).source.files for part in p.split("/")}
     assert not paths & sys.stdlib_module_names - {"tests"}

@@ -28,6 +28,14 @@ def test_apply_renaming_replaces_whole_names_in_every_case_form() -> None:
     assert apply_renaming(text, m) == ("def qxz_wolo(x):  # QXZ_WOLO, TestQxz, bisons, xbison, wolo/qxz.py, Bisonx")
 
 
+def test_a_fresh_name_never_holds_a_held_out_or_validation_word(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rl.train.rename as rename
+
+    drawn = iter(["zotterq", "iriszz", "qoblin"])  # 'otter' is a validation word, 'iris' a held-out one
+    monkeypatch.setattr(rename, "_random_word", lambda rng: next(drawn))
+    assert rename._fresh(random.Random(0), set(), pool_share=0.0) == "qoblin"
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_renaming_is_checked_against_the_regenerated_task(family: str) -> None:
     kept = 0
