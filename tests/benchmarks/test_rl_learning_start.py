@@ -31,11 +31,13 @@ def _module() -> ModuleType:
 
 def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     rl_learning = _module()
-    args = argparse.Namespace(n_train=4, n_heldout=2, data_seed=0, preset="tiny", dagger_rounds=0, copy_head=False,
+    args = argparse.Namespace(n_train=4, n_heldout=2, n_validation=2, data_seed=0, preset="tiny", dagger_rounds=0,
+                              copy_head=False,
                               sft_shell_share=0.5, sft_narration=2, sft_exit_weight=5.0, sft_narration_bare=False)
     root = tmp_path / "first" / "start0"
     root.mkdir(parents=True)
-    summary = asyncio.run(build_task_set(rl_learning.FAMILIES, 4, 2, 0, root / "tasks.jsonl", sandbox=make_sandbox()))
+    summary = asyncio.run(build_task_set(rl_learning.FAMILIES, 4, 2, 0, root / "tasks.jsonl", sandbox=make_sandbox(),
+                                         n_validation=2))
     (root / "tasks_summary.json").write_text(json.dumps(summary.to_json()))
     (root / "sft_done.json").write_text(json.dumps({"curve": [{"step": 0}], "seconds": 1.0}))
     tok = tiny_tokenizer()
@@ -49,6 +51,7 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     assert sorted(p.name for p in (saved / "sft").iterdir()) == sorted(rl_learning.START_FILES)
     assert not (saved / "tasks.jsonl").exists()  # rebuilt from the recipe, not stored
     assert json.loads((saved / "start.json").read_text())["sft_shell_share"] == 0.5  # the recipe keeps it
+    assert json.loads((saved / "start.json").read_text())["n_validation"] == 2
     assert json.loads((saved / "start.json").read_text())["sft_narration"] == 2
     assert json.loads((saved / "start.json").read_text())["sft_exit_weight"] == 5.0
     assert json.loads((saved / "start.json").read_text())["sft_narration_bare"] is False
@@ -87,6 +90,8 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
         rl_learning.adopt_start(args, tmp_path / "first", tmp_path / "third")
     with pytest.raises(SystemExit, match="built with n_train=4, this run has 5"):
         rl_learning.adopt_start(argparse.Namespace(**{**vars(args), "n_train": 5}), saved, tmp_path / "third")
+    with pytest.raises(SystemExit, match="built with n_validation=2, this run has 0"):
+        rl_learning.adopt_start(argparse.Namespace(**{**vars(args), "n_validation": 0}), saved, tmp_path / "third")
     with pytest.raises(SystemExit, match="built with sft_narration=2, this run has 0"):  # the demos differ
         rl_learning.adopt_start(argparse.Namespace(**{**vars(args), "sft_narration": 0}), saved, tmp_path / "third")
     with pytest.raises(SystemExit, match="built with sft_exit_weight=5.0, this run has 1.0"):
