@@ -30,8 +30,8 @@ Not guaranteed: the ranking is a sample (the standard error of one candidate's p
 sqrt(p(1-p)/(tasks*k)); the result reports it); that validation success ranks starts as held-out
 success would (the validation split is a sample of other names, and small).
 
-    .venv/bin/python benchmarks/rl_select_start.py /work/runs/start34a /work/runs/start34b \\
-        --tasks /work/runs/w34a/start0/tasks.jsonl -k 4 --name rl_select_start_thirty_third
+    .venv/bin/python benchmarks/rl_select_start.py /work/runs/startA /work/runs/startB \\
+        --tasks /work/runs/wA/start0/tasks.jsonl -k 4 --name rl_select_start_validation
     .venv/bin/python benchmarks/rl_select_start.py /work/runs/start22 --temperature 1.0 0.7 0.4 \\
         --tasks /work/runs/w22/start0/tasks.jsonl --split train --max-tasks 48 -k 2 --name rl_select_start_temperature
 """
