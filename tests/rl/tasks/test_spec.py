@@ -39,7 +39,7 @@ def test_missing_field_names_line_and_field(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda d: d["source"].update(kind="git", repo="/r", commit="main", files=None), r"tasks\.jsonl:1: source"),
-    (lambda d: d.update(split="validation"), r"tasks\.jsonl:1: split: Input should be 'train' or 'heldout'"),
+    (lambda d: d.update(split="dev"), r"tasks\.jsonl:1: split: Input should be 'train', 'heldout' or 'validation'"),
     (lambda d: d.update(surprise=1), r"tasks\.jsonl:1: surprise: Extra inputs are not permitted"),
     (lambda d: d["grader"].update(test_files=["../escape.py"]), r"grader\.test_files: .*not a normalised relative path"),
     (lambda d: d["grader"].update(timeout_s=0), r"grader\.timeout_s"),
