@@ -191,7 +191,6 @@ async def _draft_one(pin: SdistPin, counts: dict[Split, int], seed: int, *, sand
         plan = [s for s in (Split.TRAIN, Split.HELDOUT, Split.VALIDATION) for _ in range(counts.get(s, 0))]
         if not plan:
             return []
-        offsets = SPLIT_SEED_OFFSET
         everything = list(layout.test_dirs)
         probe_ref = "(the reverse of source.patch)"
         # the unmodified suite must pass, or no mutation result means anything
@@ -225,7 +224,7 @@ async def _draft_one(pin: SdistPin, counts: dict[Split, int], seed: int, *, sand
             k = sum(1 for t in out if t.split is split)
             tests = [failing.split("::")[0]]
             out.append(_task(pin, sha, layout, m, sources[m.path], split=split, seed=seed * 1_000_000
-                             + offsets[split] + k, k=k, tests=tests, request=_request(pin, failing, res.output),
+                             + SPLIT_SEED_OFFSET[split] + k, k=k, tests=tests, request=_request(pin, failing, res.output),
                              failing=failing))
         return out
     finally:

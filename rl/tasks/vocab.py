@@ -58,5 +58,9 @@ SCAFFOLD = frozenset({
 })
 
 
+_WORDS: dict[Split, tuple[str, ...]] = {Split.TRAIN: TRAIN_WORDS, Split.HELDOUT: HELDOUT_WORDS,
+                                        Split.VALIDATION: VALIDATION_WORDS}
+
+
 def words_for(split: Split) -> tuple[str, ...]:
-    return {Split.TRAIN: TRAIN_WORDS, Split.HELDOUT: HELDOUT_WORDS, Split.VALIDATION: VALIDATION_WORDS}[split]
+    return _WORDS[split]
