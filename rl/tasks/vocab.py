@@ -26,7 +26,8 @@ _POOL = Path(__file__).with_name("train_words.txt")
 #: new, need exactly that copy (docs/rl/README.md: the first experiment's start solved none of them).
 #: Standard-library module names (``enum``, ``json``, ``copy``: 108 of the file's words) are left out:
 #: a task's package or module of that name shadows the module the grader's ``unittest`` imports, so
-#: such tasks failed validation and were dropped (13 of 1,000 in a 1,000-task build).
+#: such tasks failed the build's grading check (``rl.tasks.build.validate``) and were dropped (13 of
+#: 1,000 in a 1,000-task build).
 TRAIN_WORDS: tuple[str, ...] = tuple(
     w for w in _POOL.read_text(encoding="utf-8").split("\n")
     if w and not w.startswith("#") and w not in sys.stdlib_module_names)
