@@ -1,6 +1,6 @@
 """Does a checkpoint know where a copied name ENDS? Teacher-forced, on scripted demonstrations.
 
-Free-running rollouts of rename and find-and-change tasks derail in one way (docs/rl/README.md,
+Free-running rollouts of rename and find-and-change tasks derail in one way (docs/rl/runs.md,
 twenty-ninth run): the model copies a name from the request — `` `expand_console` `` — and then
 keeps copying the request past its end (the closing backtick), after which the narration the
 demonstrations taught ("`X` should show me where it lives and who uses it.") takes over, inside

@@ -1,7 +1,7 @@
 """Can the CPU-scale policy learn to copy a name from its context into a tool call, and how fast?
 
 The RL experiment's SFT start never copies a path from the request or a tool result into a
-call (docs/rl/README.md: it writes plausible, invented paths). This probe isolates that skill:
+call (docs/rl/runs.md: it writes plausible, invented paths). This probe isolates that skill:
 next-token training on *copy drills* only (``agent.model.copy_drills``: a user message naming
 a path made of random letters, nothing to memorise, answered by a ``read_file`` call on that
 path, several drills per training window) and measures, on drills with fresh names, the share of paths the model

@@ -98,7 +98,7 @@ def build_start(args: argparse.Namespace, root: Path, sft_seed: int) -> dict[str
     elif args.pretrain_steps:
         # pretraining on code (+ synthetic tool-call transcripts) before SFT: next-token prediction on
         # code is where a small model learns to copy identifiers from its context (induction), which
-        # every task needs and which SFT alone did not teach the mini model (docs/rl/README.md)
+        # every task needs and which SFT alone did not teach the mini model (docs/rl/runs.md)
         from agent.model.train import TrainConfig
         from agent.model.train import train as pretrain
 
@@ -506,7 +506,7 @@ def main() -> None:
                     help="demonstrations' edit_file search text: changed lines + unique context, or whole hunks")
     ap.add_argument("--sft-patience", type=int, default=10,
                     help="SFT evaluations (every 50 steps) without a new best before stopping; the copying "
-                         "plateau lasts ~1,000 steps (docs/rl/README.md, sixth run), so 4 stopped inside it")
+                         "plateau lasts ~1,000 steps (docs/rl/runs.md, sixth run), so 4 stopped inside it")
     ap.add_argument("--sft-copy-weight", type=float, default=1.0, help="sft.copy_weight (rl.train.copy_tokens)")
     ap.add_argument("--sft-exit-weight", type=float, default=1.0,
                     help="sft.exit_weight: weight of the token after a copied span (rl.train.copy_tokens.exit_flags)")

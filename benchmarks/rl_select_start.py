@@ -1,7 +1,7 @@
 """Which start, at which temperature, should GRPO run from? Free-running success on the VALIDATION split.
 
 Rebuilding one recipe gives starts that differ more than any GRPO run has changed them
-(docs/rl/README.md, fifteenth run: malformed-call rate 0.29 vs 0.42, call-limit endings 30% vs
+(docs/rl/runs.md, fifteenth run: malformed-call rate 0.29 vs 0.42, call-limit endings 30% vs
 70%, one family solved at ~8% vs ~1%), and GRPO can only reinforce what the start already does
 now and then. So build a few starts of one recipe (``rl_learning.py --start-only --save-start
 DIR`` with other ``--seeds``) and keep the one that solves most of the tasks GRPO will train on.
@@ -17,7 +17,7 @@ Which split: ``validation`` (the default; build the starts' task set with ``rl_l
 so it asks what the held-out split asks — can the start copy names it never saw — without
 reading it. ``train`` was the first choice and could not tell starts apart: the train tasks were
 SFT's, and a start that breaks on new names still solves the names it was taught
-(docs/rl/README.md, thirty-second run: 0.130 vs 0.135 on train, 0.168 vs 0.129 held-out).
+(docs/rl/runs.md, thirty-second run: 0.130 vs 0.135 on train, 0.168 vs 0.129 held-out).
 
 ``--temperature`` takes several values: every (candidate, temperature) pair is evaluated on the
 same tasks with the same sampling seeds and ranked together, so one start can be given alone to

@@ -20,7 +20,7 @@
   itself, before any limit. Why: without it, giving up at once (0) scored
   above trying until a limit (``-LIMIT``), and the first experiment's seed 0
   learned exactly that when no attempt in its groups succeeded
-  (docs/rl/README.md). ``IDLE`` is a little more than ``LIMIT``, so giving up
+  (docs/rl/runs.md). ``IDLE`` is a little more than ``LIMIT``, so giving up
   is strictly the worst well-formed way to fail (an attempt that explored
   until a limit can still teach the group something; and the two differ, so
   an all-failing group still has a direction), yet less than

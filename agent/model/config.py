@@ -44,7 +44,7 @@ class ModelConfig:
     # the copy head's pointer may not point into the model output it is writing (only at the context
     # before that output's <|assistant|> marker): a pointer that copies its own output loops
     # ("helium_nebula/helium_nebula/..."); agent.model.copy_head, "Context only". Only with copy_head.
-    # Measured harmful (docs/rl/README.md, thirty-second run): it removes the in-output copies the
+    # Measured harmful (docs/rl/runs.md, thirty-second run): it removes the in-output copies the
     # demonstrations need (replace from search) with the loops; off by default
     copy_context_only: bool = False
 

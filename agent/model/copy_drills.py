@@ -6,7 +6,7 @@ trained and served with; several drills are packed into each training window. Me
 :func:`copy_accuracy`: the share of fresh paths whose every token is the model's argmax
 (teacher-forced; chance is 0).
 
-Why (docs/rl/README.md): the CPU-scale policy's SFT start wrote invented paths instead of
+Why (docs/rl/runs.md): the CPU-scale policy's SFT start wrote invented paths instead of
 the ones in its request, so no task ever succeeded. ``benchmarks/copy_probe.py`` showed a
 random init learns no copying from drills in 1,500 steps while the code-pretrained init
 does; ``benchmarks/rl_learning.py --copy-drill-steps`` puts drills between pretraining and

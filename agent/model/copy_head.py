@@ -5,7 +5,7 @@ Every task the agent is trained on copies text from its context: a path from the
 function name from a grep result, a line from a file it read into an ``edit_file`` search. A
 transformer learns that with an induction circuit (a previous-token head feeding a head that
 attends to "what came after the last time I saw this"), and a small model on a CPU budget grows
-it late or not at all (docs/rl/README.md: a ~1,000-step plateau in SFT, and a random `mini`
+it late or not at all (docs/rl/runs.md: a ~1,000-step plateau in SFT, and a random `mini`
 init that never learned to copy a path in 1,500 steps of drills). This head makes that lookup
 one bilinear attention at the top of the network:
 
@@ -16,7 +16,7 @@ one bilinear attention at the top of the network:
   ``g = a_sentinel`` is the share left to the LM head;
 * ``p(w) = g · softmax(lm_logits)_w + Σ_{j < t, x_{j+1} = w} a_j``.
 
-Three refinements, all from the eighth run's free-running failures (docs/rl/README.md):
+Three refinements, all from the eighth run's free-running failures (docs/rl/runs.md):
 
 * **Twin successors.** Byte-level BPE merges a name with the character before it: `` nebula`` in a
   request and ``nebula`` after ``<param name="path">`` start with different ids (`` ne``, ``ne``), so a pointer that can only
@@ -38,7 +38,7 @@ Three refinements, all from the eighth run's free-running failures (docs/rl/READ
   still can).
 
 One option (``cfg.copy_successor_keys``, off by default), from the twenty-ninth run's finding that
-a copied name does not stop (docs/rl/README.md): ``h_j`` is computed before ``x_{j+1}`` exists, so
+a copied name does not stop (docs/rl/runs.md): ``h_j`` is computed before ``x_{j+1}`` exists, so
 a key cannot say what its entry would emit, and after copying `` nebula`` from "rename `` `nebula` ``"
 the pointer could not tell that the next entry emits the closing backtick. With the option every
 entry's score gains ``q_t · e[w]``, ``e [V, d]`` a learned key per emitted token ``w`` (the
@@ -56,7 +56,7 @@ tool results, never from what it is writing; the LM head still can repeat. The b
 of the token ids alone, so the cached and the full forward agree; prefill positions of other
 messages keep the plain rule.
 
-Measured (docs/rl/README.md, thirty-second run): against a sibling start from the same
+Measured (docs/rl/runs.md, thirty-second run): against a sibling start from the same
 pretraining, a start trained with it makes 4× the invalid calls and its held-out pass@1 is 0.129
 against 0.168 — the demonstrations copy from the output they write (an edit's ``replace`` from its
 ``search``), and with those entries gone the pointer copies from the wrong place. Kept for

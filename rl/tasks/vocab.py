@@ -23,7 +23,7 @@ _POOL = Path(__file__).with_name("train_words.txt")
 #: pool is the point: with the 30 words this module first had (still its first 30 entries), SFT on
 #: the training split let a small model *memorise* every name it would write instead of learning to
 #: copy a name from the request or a tool result into a call, and held-out tasks, whose names are all
-#: new, need exactly that copy (docs/rl/README.md: the first experiment's start solved none of them).
+#: new, need exactly that copy (docs/rl/runs.md: the first experiment's start solved none of them).
 #: Standard-library module names (``enum``, ``json``, ``copy``: 108 of the file's words) are left out:
 #: a task's package or module of that name shadows the module the grader's ``unittest`` imports, so
 #: such tasks failed the build's grading check (``rl.tasks.build.validate``) and were dropped (13 of

@@ -4,7 +4,7 @@ the model must reproduce from the request or a tool result (a path, a ``search``
 Why it is measured apart: in a demonstration most sampled tokens are format (``<tool_call
 name="read_file">``, ``<param name="path">``), predictable from the format alone, and a model
 that has learned the format but cannot copy still reaches a low mean loss. Measured on the
-sixth run's SFT checkpoint (docs/rl/README.md): mean held-out loss 0.69, yet ~4-8 nats on each
+sixth run's SFT checkpoint (docs/rl/runs.md): mean held-out loss 0.69, yet ~4-8 nats on each
 token of the path it had to copy from the request, so every free-running rollout invented a
 path. The copy-token loss and accuracy show that directly, and ``sft.copy_weight`` puts more of
 the gradient on them.

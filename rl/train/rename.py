@@ -5,7 +5,7 @@ Why: every procedural task's names come from the training split's words, and hel
 use other words, so a policy succeeds on held-out tasks only by *copying* names from its
 request and tool results into its calls. With a few hundred real demonstrations a small
 model lowers its SFT loss faster by memorising which training words tend to appear than by
-learning to copy (docs/rl/README.md: the SFT start wrote invented paths such as
+learning to copy (docs/rl/runs.md: the SFT start wrote invented paths such as
 ``shifted/shifted.py`` for ``iris/umber.py``). A transcript whose names are random letter
 strings cannot be memorised: each renamed copy is new, and the loss on its names falls only
 by copying. This is the identifier-renaming augmentation code models use; it is a departure
