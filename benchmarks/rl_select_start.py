@@ -28,7 +28,10 @@ success GRPO's groups can reinforce — chosen here, on train tasks, never on he
 
 Not guaranteed: the ranking is a sample (the standard error of one candidate's pass@1 is about
 sqrt(p(1-p)/(tasks*k)); the result reports it); that validation success ranks starts as held-out
-success would (the validation split is a sample of other names, and small).
+success would (the validation split is a sample of other names, and small); that the start with
+the highest pass@1 is the one GRPO takes furthest (docs/rl/runs.md, thirty-fourth run: of two starts of one
+command and task set, the lower on validation, 0.141 against 0.223, ended higher after 3 GRPO iterations,
+0.336 against 0.273 held-out — pass@1 says where a start is, not where GRPO takes it).
 
     .venv/bin/python benchmarks/rl_select_start.py /work/runs/startA /work/runs/startB \\
         --tasks /work/runs/wA/start0/tasks.jsonl -k 4 --name rl_select_start_validation
