@@ -50,10 +50,13 @@ fi
 extras=""
 [ $want_test = 1 ] && extras="[test]"
 stamp=".venv/.flywheel-installed${extras:+-test}"
-digest=$(sha256sum pyproject.toml | cut -c1-16)
+# Versions come from constraints.txt (scripts/lock.sh writes it from a working .venv): a fresh install
+# gets what the tests last passed with, and the RL pretraining corpus (the installed packages' sources)
+# is the same on every checkout.
+digest=$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$digest" ]; then
-  say "installing the project${extras:+ with test extras}"
-  "${PIP[@]}" install -e ".${extras}" 2>&1 | grep -v "^WARNING: Location" || true
+  say "installing the project${extras:+ with test extras} (versions pinned by constraints.txt)"
+  "${PIP[@]}" install -c constraints.txt -e ".${extras}" 2>&1 | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import agent, tools, backend" || { say "ERROR: project install failed"; exit 1; }
   echo "$digest" > "$stamp"
 fi
