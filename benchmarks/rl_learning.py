@@ -284,7 +284,8 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
                     "narration_quotes": not args.sft_narration_bare, "dagger_rounds": args.dagger_rounds,
                     "dagger_tasks": args.dagger_tasks, "dagger_heldout_tasks": 64,
                     "dagger_max_steps": args.dagger_steps},
-            "limits": {"max_model_calls": args.max_model_calls,
+            "reward": {"effort_per_call": args.effort_per_call},
+        "limits": {"max_model_calls": args.max_model_calls,
                        "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
             "rollout": {"max_tokens_per_call": args.max_tokens}}))
         rc = _cmd_sft(argparse.Namespace(tasks=start["tasks_file"], init=start["sft"], out=out,
@@ -477,6 +478,9 @@ def main() -> None:
     ap.add_argument("--length-coef", type=float, default=0.0,
                     help="grpo.length_coef: Kimi k1.5's group-relative length reward times this (default 0: off; "
                          "at most 0.2)")
+    ap.add_argument("--effort-per-call", type=float, default=0.01,
+                    help="reward.effort_per_call: taken from a solved rollout's reward per model call beyond the "
+                         "first, at most 0.2 in all (rl.reward; default 0.01)")
     ap.add_argument("--length-scope", choices=("group", "solved"), default="group",
                     help="grpo.length_scope: whose lengths rank a solved rollout — 'group' (Kimi: every rollout of "
                          "the group) or 'solved' (the group's solutions only; failures keep Kimi's term)")
@@ -637,6 +641,7 @@ def report(args: argparse.Namespace, sizing: dict[str, Any], name: str, seeds: l
                                                                  "malformed_call_adv": args.malformed_call_adv,
                                                                  "length_coef": args.length_coef,
                                                                  "length_scope": args.length_scope,
+                                                                 "effort_per_call": args.effort_per_call,
                                                                  "replay_tasks": args.replay_tasks,
                                                                  "replay_limit": args.replay_limit,
                                                                  "temperature": args.temperature},

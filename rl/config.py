@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rl.reward import EFFORT_CAP, EFFORT_PER_CALL
+
 __all__ = ["ConfigError", "EvalConfig", "GRPOConfig", "KLEstimator", "LengthScope", "LimitsConfig", "ModelSection",
            "RolloutConfig", "RunConfig", "SFTConfig", "load_run_config"]
 
@@ -129,6 +131,14 @@ class LimitsConfig(_Section):
                       max_wall_s=self.max_wall_s)
 
 
+class RewardConfig(_Section):
+    """The reward's tunable shaping (rl.reward; its other terms are constants, documented there)."""
+
+    # per model call beyond the first, taken from a success's reward (at most rl.reward.EFFORT_CAP in all);
+    # 0.01 (the default) makes a 2-call and a 4-call solution differ by 0.02, 0.04 by 0.08
+    effort_per_call: float = Field(EFFORT_PER_CALL, ge=0.0, le=EFFORT_CAP)
+
+
 class RolloutConfig(_Section):
     workers: int = Field(1, ge=1)
     address: str | None = None  # a Ray cluster to join; None: ray.init() locally
@@ -213,6 +223,7 @@ class RunConfig(_Section):
     model: ModelSection = ModelSection()
     grpo: GRPOConfig = GRPOConfig()
     limits: LimitsConfig = LimitsConfig()
+    reward: RewardConfig = RewardConfig()
     rollout: RolloutConfig = RolloutConfig()
     sft: SFTConfig = SFTConfig()
     eval: EvalConfig = EvalConfig()

@@ -27,10 +27,13 @@
   ``MALFORMED_FIRST``, so a broken call stays worse than giving up. A failed
   attempt that did change files and ended in time scores 0, the best failure
   (a change is the only way a task is ever solved).
-* ``effort`` (successes only) = ``-EFFORT_PER_CALL`` per model call beyond the
+* ``effort`` (successes only) = ``-effort_per_call`` per model call beyond the
   first, at most ``EFFORT_CAP``: among solutions, faster ones (fewer model
   calls: the "feels fast" objective) score higher. Only on successes, so a
-  failing rollout never gains by giving up early.
+  failing rollout never gains by giving up early. ``effort_per_call`` is
+  ``EFFORT_PER_CALL`` unless a run sets ``reward.effort_per_call``
+  (``rl.config.RewardConfig``; at most ``EFFORT_CAP``): the cap, not the rate,
+  is what keeps property 1, so any rate up to it keeps all four.
 
 Properties (tested in ``tests/rl/test_reward.py``):
 
@@ -87,19 +90,22 @@ class UngradedError(ValueError):
 
 
 def reward_from_counts(*, passed: bool, changed: bool, malformed: int, hit_limit: bool,
-                       model_calls: int) -> tuple[float, dict[str, float]]:
-    """The reward and its terms from the counts (see the module docstring)."""
+                       model_calls: int, effort_per_call: float = EFFORT_PER_CALL) -> tuple[float, dict[str, float]]:
+    """The reward and its terms from the counts (see the module docstring); ``ValueError`` for an
+    ``effort_per_call`` outside ``[0, EFFORT_CAP]``."""
+    if not 0.0 <= effort_per_call <= EFFORT_CAP:
+        raise ValueError(f"effort_per_call must be in [0, {EFFORT_CAP}], got {effort_per_call}")
     success = 1.0 if passed and changed else 0.0
     mal = 0.0 if malformed <= 0 else -min(MALFORMED_CAP, MALFORMED_FIRST + MALFORMED_EACH * (malformed - 1))
     lim = -LIMIT if hit_limit else 0.0
     idle = -IDLE if not changed and not hit_limit else 0.0
-    effort = -min(EFFORT_CAP, EFFORT_PER_CALL * max(0, model_calls - 1)) if success else 0.0
+    effort = -min(EFFORT_CAP, effort_per_call * max(0, model_calls - 1)) if success else 0.0
     terms = {"success": success, "malformed": mal, "limit": lim, "idle": idle, "effort": effort}
     return sum(terms.values()), terms
 
 
-def reward(events: Iterable[Event], grade: GradeResult, *, changed: bool | None = None
-           ) -> tuple[float, dict[str, float]]:
+def reward(events: Iterable[Event], grade: GradeResult, *, changed: bool | None = None,
+           effort_per_call: float = EFFORT_PER_CALL) -> tuple[float, dict[str, float]]:
     """(reward, terms) for a rollout's events and its grade; :class:`UngradedError` for an
     infrastructure-error grade."""
     if grade.error and not grade.timed_out:
@@ -112,4 +118,5 @@ def reward(events: Iterable[Event], grade: GradeResult, *, changed: bool | None 
         malformed=sum(1 for e in evs if isinstance(e, ToolCallStarted) and not e.valid),
         hit_limit=any(isinstance(e, TurnEnd) and e.reason in LIMIT_REASONS for e in evs),
         model_calls=sum(1 for e in evs if isinstance(e, AssistantMessage)),
+        effort_per_call=effort_per_call,
     )

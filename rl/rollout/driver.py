@@ -62,11 +62,12 @@ class DriverError(ValueError):
     """A run that cannot start (no task set, no checkpoint, a profile mismatch); the message says what to fix."""
 
 
-def score(rollout: Rollout) -> None:
-    """Reward and behaviour metrics of one returned rollout, in place (see the module docstring)."""
+def score(rollout: Rollout, *, effort_per_call: float | None = None) -> None:
+    """Reward and behaviour metrics of one returned rollout, in place (see the module docstring);
+    ``effort_per_call``: the reward's rate (None: ``rl.reward.EFFORT_PER_CALL``)."""
     from agent.events import EVENT_ADAPTER
     from rl.behaviour import behaviour
-    from rl.reward import UngradedError, reward
+    from rl.reward import EFFORT_PER_CALL, UngradedError, reward
 
     if rollout.status is RolloutStatus.INFRA_ERROR:
         return
@@ -76,8 +77,9 @@ def score(rollout: Rollout) -> None:
     events = [EVENT_ADAPTER.validate_json(json.dumps(e)) for e in rollout.events]
     rollout.metrics |= behaviour(events).metrics()
     try:
-        rollout.reward, rollout.reward_terms = reward(events, rollout.grade,
-                                                      changed=bool(rollout.metrics.get("changed")))
+        rollout.reward, rollout.reward_terms = reward(
+            events, rollout.grade, changed=bool(rollout.metrics.get("changed")),
+            effort_per_call=EFFORT_PER_CALL if effort_per_call is None else effort_per_call)
     except UngradedError as exc:
         rollout.status, rollout.detail = RolloutStatus.INFRA_ERROR, str(exc)
         rollout.metrics["ungraded"] = 1.0
@@ -128,12 +130,13 @@ class RaySource:
                  limits: Any, workers: int = 1, max_tokens: int = 256, temperature: float = 1.0,
                  seed: int = 0, inference_cpus: float = 1.0, worker_cpus: float = 0.5,
                  on_rollout: Callable[[Rollout], None] | None = None,
-                 sandbox_extra_ro: Sequence[Path | str] = ()) -> None:
+                 sandbox_extra_ro: Sequence[Path | str] = (), effort_per_call: float | None = None) -> None:
         from rl.rollout.inference import start_inference
         from rl.rollout.worker import WorkerConfig, start_workers
 
         self.envs = {t.id: TaskEnv(t) for t in tasks}
         self.run_id, self.log, self.seed, self.on_rollout = run_id, log, seed, on_rollout
+        self.effort_per_call = effort_per_call
         self.inference = start_inference(checkpoint, num_cpus=inference_cpus, max_slots=32, threads=1)
         config = WorkerConfig(store_root=str(store_root), limits=limits, max_tokens=max_tokens,
                               temperature=temperature,
@@ -165,7 +168,7 @@ class RaySource:
                 for i, t in enumerate(task_ids) for g in range(group_size)]
         rollouts = asyncio.run(run_rollouts(self.workers, jobs))
         for r in rollouts:
-            score(r)
+            score(r, effort_per_call=self.effort_per_call)
             persist(self.log, r, r.events)
             if self.on_rollout is not None:
                 self.on_rollout(r)
@@ -239,7 +242,8 @@ def train(cfg: RunConfig, *, resume: bool = True, log: RolloutLog | Callable[[],
                        store_root=Path(cfg.out_dir) / "workspaces",
                        log=log, limits=cfg.limits.to_limits(), workers=cfg.rollout.workers,
                        max_tokens=cfg.rollout.max_tokens_per_call, temperature=cfg.rollout.temperature,
-                       seed=cfg.seed, on_rollout=on_rollout, sandbox_extra_ro=cfg.rollout.sandbox_extra_ro)
+                       seed=cfg.seed, on_rollout=on_rollout, sandbox_extra_ro=cfg.rollout.sandbox_extra_ro,
+                       effort_per_call=cfg.reward.effort_per_call)
 
     def on_iteration(record: dict[str, Any]) -> None:
         if hasattr(log, "record_iteration"):

@@ -27,6 +27,7 @@ def test_yaml_toml_json_load_the_same_config(tmp_path: Path) -> None:
     ("model:\n  copy_context_only: true\n", r"model: .*copy_context_only needs model.copy_head: true"),
     ("sft:\n  edit_context: wide\n", r"sft.edit_context: Input should be 'minimal' or 'hunk'"),
     ("rollout:\n  temperature: 0\n", r"rollout.temperature: Input should be greater than 0"),
+    ("reward:\n  effort_per_call: 0.5\n", r"reward.effort_per_call: Input should be less than or equal to 0.2"),
     ("- a\n- b\n", r"top level must be a mapping"),
     ("a: [\n", r"not valid yaml"),
 ])

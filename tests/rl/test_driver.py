@@ -54,6 +54,15 @@ def test_a_grader_timeout_is_scored_as_a_failure() -> None:
     assert r.status is RolloutStatus.FINISHED and r.reward is not None and r.reward <= 0.0
 
 
+def test_score_uses_the_runs_effort_rate() -> None:
+    calls = [{"type": "assistant_message", "step": i, "text": "x"} for i in (1, 2, 3)]
+    default, steeper = (_rollout(GradeResult(True, "", 0.1), events=calls) for _ in range(2))
+    score(default)
+    score(steeper, effort_per_call=0.05)
+    assert default.reward_terms["effort"] == pytest.approx(-0.02)
+    assert steeper.reward_terms["effort"] == pytest.approx(-0.1) and steeper.reward == pytest.approx(0.9)
+
+
 def test_sample_tasks_is_seeded_and_keeps_file_order() -> None:
     from rl.rollout.driver import sample_tasks
 

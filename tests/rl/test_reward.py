@@ -69,3 +69,23 @@ def test_infra_error_is_not_scored_but_a_timeout_is_a_failure() -> None:
     edit = FileEditEvent(call_id="c", path="a.py", diff="-")
     value, terms = reward([edit], GradeResult(True, "", 60.0, error="timed out", timed_out=True))
     assert terms["success"] == 0.0 and value == 0.0
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.04, 0.2])
+def test_every_effort_rate_up_to_the_cap_keeps_the_orderings(rate: float) -> None:
+    def r(passed: bool, changed: bool, malformed: int, limit: bool, calls: int) -> float:
+        return reward_from_counts(passed=passed, changed=changed, malformed=malformed, hit_limit=limit,
+                                  model_calls=calls, effort_per_call=rate)[0]
+
+    wins = [r(*g) for g in GRID if g[0] and g[1]]
+    assert min(wins) > max(r(*g) for g in GRID if not (g[0] and g[1]))
+    # among solutions, one more model call never helps and costs exactly the rate until the cap
+    assert r(True, True, 0, False, 2) - r(True, True, 0, False, 1) == pytest.approx(-rate)
+    assert all(r(True, True, 0, False, c + 1) <= r(True, True, 0, False, c) for c in range(1, 59))
+
+
+@pytest.mark.parametrize("rate", [-0.01, 0.21])
+def test_an_effort_rate_outside_the_cap_is_refused(rate: float) -> None:
+    with pytest.raises(ValueError, match="effort_per_call"):
+        reward_from_counts(passed=True, changed=True, malformed=0, hit_limit=False, model_calls=3,
+                           effort_per_call=rate)
