@@ -36,7 +36,10 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rl.config import RunConfig
 
 import _common  # noqa: F401  (repo on sys.path)
 from _common import write_result
@@ -284,8 +287,7 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
                     "narration_quotes": not args.sft_narration_bare, "dagger_rounds": args.dagger_rounds,
                     "dagger_tasks": args.dagger_tasks, "dagger_heldout_tasks": 64,
                     "dagger_max_steps": args.dagger_steps},
-            "reward": {"effort_per_call": args.effort_per_call},
-        "limits": {"max_model_calls": args.max_model_calls,
+            "limits": {"max_model_calls": args.max_model_calls,
                        "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
             "rollout": {"max_tokens_per_call": args.max_tokens}}))
         rc = _cmd_sft(argparse.Namespace(tasks=start["tasks_file"], init=start["sft"], out=out,
@@ -299,15 +301,14 @@ def dagger_stage(args: argparse.Namespace, root: Path, sft_seed: int, start: dic
     return start | {"sft": out, "dagger": done}
 
 
-def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: Path, name: str) -> dict[str, Any]:
+def grpo_config(seed: int, args: argparse.Namespace, start: dict[str, Any], root: Path, name: str) -> RunConfig:
+    """The GRPO run config of one seed: every GRPO, reward, limit and rollout flag of ``args``,
+    the start's weights and task set, the copy head's options read from the start checkpoint."""
     from agent.model.checkpoint import load_config
     from rl.config import validate_run_config
-    from rl.rollout.driver import train
-    from rl.rollout.log import MemoryRolloutLog
 
-    t0 = time.perf_counter()
     sft_cfg = load_config(start["sft"])  # the head's options are the start checkpoint's
-    cfg = validate_run_config({
+    return validate_run_config({
         "name": f"{name}-seed{seed}", "seed": seed, "out_dir": str(root / f"run{seed}"),
         "tasks": str(start["tasks_file"]), "iterations": args.iterations,
         "tasks_per_iteration": args.tasks_per_iteration, "lr": args.lr,
@@ -326,8 +327,17 @@ def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: P
         "limits": {"max_model_calls": args.max_model_calls,
                    "max_output_tokens": args.max_model_calls * args.max_tokens, "max_wall_s": args.max_wall_s},
         "rollout": {"workers": 1, "max_tokens_per_call": args.max_tokens, "temperature": args.temperature},
+        "reward": {"effort_per_call": args.effort_per_call},
         "eval": {"every": args.eval_every, "k": args.k, "temperature": args.temperature},
     })
+
+
+def run_seed(seed: int, args: argparse.Namespace, start: dict[str, Any], root: Path, name: str) -> dict[str, Any]:
+    from rl.rollout.driver import train
+    from rl.rollout.log import MemoryRolloutLog
+
+    t0 = time.perf_counter()
+    cfg = grpo_config(seed, args, start, root, name)
     train(cfg, log=MemoryRolloutLog(),
           progress=lambda r: print(f"seed {seed} iteration {r['iteration']}: "
                                    + " ".join(f"{k}={r[k]:.3f}" for k in ("success_rate", "mean_reward",
@@ -422,7 +432,18 @@ def bars(summary: dict[str, dict[str, dict[str, float]]]) -> dict[str, Any]:
     }
 
 
-def main() -> None:
+# the sizes of a full run and of --quick, where a flag leaves them unset
+FULL: dict[str, Any] = {"seeds": [0, 1, 2], "preset": "mini", "vocab": 2048, "n_train": 600, "n_heldout": 32,
+                        "iterations": 30, "eval_every": 10, "tasks_per_iteration": 4, "group": 8, "k": 4, "sft_steps": 1500,
+        "pretrain_steps": 1500, "sft_renamings": 8,
+        "sft_lr": 2e-3, "max_model_calls": 6, "max_tokens": 192, "max_wall_s": 900.0, "lr": 5e-4, "minibatches": 4}
+QUICK: dict[str, Any] = FULL | {"seeds": [0], "preset": "tiny", "n_train": 32, "n_heldout": 8, "iterations": 4, "eval_every": 2,
+                "tasks_per_iteration": 2, "group": 4, "k": 2, "sft_steps": 60, "sft_renamings": 1, "sft_lr": 3e-3, "pretrain_steps": 0,
+                "max_model_calls": 4, "max_tokens": 96, "max_wall_s": 120.0, "lr": 1e-3, "minibatches": 1}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the sizing defaults (full or ``--quick``) filled in where a flag is unset."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 seed, tiny preset, a few iterations (minutes)")
     ap.add_argument("--seeds", type=int, nargs="+")
@@ -543,18 +564,17 @@ def main() -> None:
                     help="build the start, then stop (no GRPO, no report); needs --save-start DIR or --work-dir DIR to keep it")
     ap.add_argument("--report-only", action="store_true",
                     help="train nothing: report the seeds whose runs exist in --work-dir (a stopped run)")
-    args = ap.parse_args()
-    full = {"seeds": [0, 1, 2], "preset": "mini", "vocab": 2048, "n_train": 600, "n_heldout": 32,
-            "iterations": 30, "eval_every": 10, "tasks_per_iteration": 4, "group": 8, "k": 4, "sft_steps": 1500,
-            "pretrain_steps": 1500, "sft_renamings": 8,
-            "sft_lr": 2e-3, "max_model_calls": 6, "max_tokens": 192, "max_wall_s": 900.0, "lr": 5e-4, "minibatches": 4}
-    quick = full | {"seeds": [0], "preset": "tiny", "n_train": 32, "n_heldout": 8, "iterations": 4, "eval_every": 2,
-                    "tasks_per_iteration": 2, "group": 4, "k": 2, "sft_steps": 60, "sft_renamings": 1, "sft_lr": 3e-3, "pretrain_steps": 0,
-                    "max_model_calls": 4, "max_tokens": 96, "max_wall_s": 120.0, "lr": 1e-3, "minibatches": 1}
-    sizing = quick if args.quick else full
+    args = ap.parse_args(argv)
+    sizing = QUICK if args.quick else FULL
     for k, v in sizing.items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    sizing = QUICK if args.quick else FULL
     name = args.name or ("rl_learning_quick" if args.quick else "rl_learning")
     if args.start_only and args.save_start is None and args.work_dir is None:
         raise SystemExit("--start-only keeps nothing without --save-start DIR or --work-dir DIR")
