@@ -194,8 +194,8 @@ def _sha256(path: Path) -> str:
 def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Path) -> None:
     """``--save-start DEST``: the start ``checkpoint`` (after SFT, or after the DAgger rounds when
     there were any: ``dagger_done.json`` comes along), its SFT curve and the
-    recipe that rebuilds its task set (``start.json``: sizes, data seed, the task file's sha256),
-    without the 2 MB task file or the optimizer state: ~9 MB for ``mini``."""
+    recipe that rebuilds its task set (``start.json``: sizes, data seed, the task file's sha256) and
+    the pretraining log when there was one, without the 2 MB task file or the optimizer state: ~9 MB for ``mini``."""
     from agent.model.checkpoint import load_config
 
     dest.mkdir(parents=True, exist_ok=True)
@@ -220,6 +220,8 @@ def save_start(args: argparse.Namespace, root: Path, checkpoint: Path, dest: Pat
         "pretrain_corpus": pretrain_corpus(root)}, indent=2) + "\n")
     if (root / "dagger_done.json").exists():
         shutil.copy(root / "dagger_done.json", dest / "dagger_done.json")
+    if (root / "pretrain.log").exists():  # so a rebuilt start can be compared step by step (docs/rl/runs.md, 36th)
+        shutil.copy(root / "pretrain.log", dest / "pretrain.log")
 
 
 def pretrain_corpus(root: Path) -> str | None:

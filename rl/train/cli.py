@@ -141,6 +141,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
                             f"{train_demos.no_patch + held_demos.no_patch} without an editable patch, "
                             f"{train_demos.too_long + held_demos.too_long} too long)")
     examples = train_demos.examples + held_demos.examples
+    digests = {"train": train_demos.digest(), "heldout": held_demos.digest()}  # what SFT trained on, comparably
     print(f"demonstrations: {len(train_demos.examples)} training, {len(held_demos.examples)} held-out; styles "
           f"{dict(sorted(train_demos.styles.items()))}; {skipped} skipped "
           f"({train_demos.too_long + held_demos.too_long} longer than the context); {train_demos.renamed} renamed copies "
@@ -171,8 +172,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
                  title="SFT" + (" + DAgger" if rounds else ""))
     save_checkpoint(args.out, model, tok, step=res.steps, profile=profile,
                     extra={"sft": {"best_step": res.best_step, "best_heldout_loss": res.best_heldout_loss,
-                                   "demonstrations": len(examples), "skipped": skipped}})
-    summary = {"demonstrations": len(examples), "skipped": skipped,
+                                   "demonstrations": len(examples), "skipped": skipped,
+                                   "demonstrations_sha256": digests}})
+    summary = {"demonstrations": len(examples), "skipped": skipped, "demonstrations_sha256": digests,
                "too_long": train_demos.too_long + held_demos.too_long, "steps": res.steps, "best_step": res.best_step,
                "best_heldout_loss": res.best_heldout_loss, "stopped_early": res.stopped_early, "out": str(args.out)}
     if rounds:

@@ -305,13 +305,25 @@ async def record_demo(task: DemoTask, style: Style, workspace: Workspace, sandbo
     return Demonstration(task.task_id, style, outputs, list(policy.prompts), outcome.reason, events)
 
 
+# unittest prints its run time ("Ran 4 tests in 0.045s"), which varies with the machine's load: recorded as is,
+# two recordings of one task set differ in it, and so do the starts trained on them (docs/rl/runs.md,
+# thirty-sixth run). Demonstrations carry "0.000s" instead — a departure from the runtime's bytes in the
+# digits of a consumed (never sampled) segment; rollouts and serving keep the real time.
+_UNITTEST_RUN_TIME = re.compile(r"(Ran \d+ tests? in )\d+\.\d+s")
+
+
+def _fixed_run_time(text: str) -> str:
+    return _UNITTEST_RUN_TIME.sub(r"\g<1>0.000s", text)
+
+
 def demo_segments(demo: Demonstration, tokenizer: Tokenizer) -> list[Segment]:
     """Token segments of a demonstration, exactly as :class:`agent.policies.tito.TokenInTokenOutPolicy`
     would build them had a model sampled the same messages: the first rendered prompt; then per
     model call the sampled ids (:func:`agent.policies.tito.scripted_output_ids`: the output +
     ``"\\n"`` + ``<|end|>``; loss on these), and the text the next rendered prompt adds (tool
     results, markers; not sampled), found by the policy's own rule
-    (:func:`agent.policies.tito.next_prompt_suffix`).
+    (:func:`agent.policies.tito.next_prompt_suffix`), except unittest's printed run time, fixed at
+    ``0.000s`` (see ``_UNITTEST_RUN_TIME``) so that a recording is reproducible.
 
     Each part is encoded on its own; every boundary is at a special token (``<|end|>`` or a
     role marker) where the tokenizer splits anyway, so the concatenation equals encoding the
@@ -333,7 +345,7 @@ def demo_segments(demo: Demonstration, tokenizer: Tokenizer) -> list[Segment]:
                 raise ValueError(f"demonstration {demo.task_id}/{demo.style}: prompt {k + 2} does not extend "
                                  f"prompt {k + 1} plus its output: {exc}") from None
             if suffix.text:  # as the policy: no empty consumed segment
-                segments.append(Segment(tokenizer.encode(suffix.text), sampled=False))
+                segments.append(Segment(tokenizer.encode(_fixed_run_time(suffix.text)), sampled=False))
     return segments
 
 
@@ -351,6 +363,21 @@ class DemoSet:
     @property
     def skipped(self) -> int:
         return self.no_patch + self.too_long
+
+    def digest(self) -> str:
+        """sha256 of the examples' tokens in order (each segment's ids and whether it is sampled): two
+        recordings with equal digests trained on the same data. Not guaranteed: anything about the
+        counts above, which the digest does not cover."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for ex in self.examples:
+            h.update(b"E")
+            for seg in ex:
+                h.update(b"S" if seg.sampled else b"P")
+                h.update(len(seg.token_ids).to_bytes(4, "little"))
+                h.update(b"".join(int(t).to_bytes(4, "little") for t in seg.token_ids))
+        return h.hexdigest()
 
 
 def record_task_demos(tasks: Sequence[Task], tokenizer: Tokenizer, *, profile: PromptProfile,

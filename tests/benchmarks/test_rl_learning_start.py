@@ -62,6 +62,10 @@ def test_a_saved_start_is_adopted_on_a_rebuilt_task_set(tmp_path: Path) -> None:
     save_checkpoint(root / "init", model, tok, step=1, extra={"corpus": "b27612bec878a5d9"}, profile=COMPACT_PROFILE)
     rl_learning.save_start(args, root, root / "sft", saved)
     assert json.loads((saved / "start.json").read_text())["pretrain_corpus"] == "b27612bec878a5d9"
+    assert not (saved / "pretrain.log").exists()
+    (root / "pretrain.log").write_text("step=50 loss=6.38685\n")
+    rl_learning.save_start(args, root, root / "sft", saved)
+    assert (saved / "pretrain.log").read_text() == "step=50 loss=6.38685\n"  # kept for comparing rebuilt starts
 
     again = tmp_path / "second" / "start0"
     again.mkdir(parents=True)
