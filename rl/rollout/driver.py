@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rl.behaviour import MALFORMED_KINDS
+from rl.reward import EFFORT_PER_CALL
 from rl.rollout.log import MemoryRolloutLog, RolloutLog, persist
 from rl.rollout.taskenv import TaskEnv
 from rl.types import Rollout, RolloutStatus, Split
@@ -62,12 +63,12 @@ class DriverError(ValueError):
     """A run that cannot start (no task set, no checkpoint, a profile mismatch); the message says what to fix."""
 
 
-def score(rollout: Rollout, *, effort_per_call: float | None = None) -> None:
+def score(rollout: Rollout, *, effort_per_call: float = EFFORT_PER_CALL) -> None:
     """Reward and behaviour metrics of one returned rollout, in place (see the module docstring);
-    ``effort_per_call``: the reward's rate (None: ``rl.reward.EFFORT_PER_CALL``)."""
+    ``effort_per_call``: the reward's effort rate (``reward.effort_per_call``)."""
     from agent.events import EVENT_ADAPTER
     from rl.behaviour import behaviour
-    from rl.reward import EFFORT_PER_CALL, UngradedError, reward
+    from rl.reward import UngradedError, reward
 
     if rollout.status is RolloutStatus.INFRA_ERROR:
         return
@@ -79,7 +80,7 @@ def score(rollout: Rollout, *, effort_per_call: float | None = None) -> None:
     try:
         rollout.reward, rollout.reward_terms = reward(
             events, rollout.grade, changed=bool(rollout.metrics.get("changed")),
-            effort_per_call=EFFORT_PER_CALL if effort_per_call is None else effort_per_call)
+            effort_per_call=effort_per_call)
     except UngradedError as exc:
         rollout.status, rollout.detail = RolloutStatus.INFRA_ERROR, str(exc)
         rollout.metrics["ungraded"] = 1.0
@@ -130,7 +131,7 @@ class RaySource:
                  limits: Any, workers: int = 1, max_tokens: int = 256, temperature: float = 1.0,
                  seed: int = 0, inference_cpus: float = 1.0, worker_cpus: float = 0.5,
                  on_rollout: Callable[[Rollout], None] | None = None,
-                 sandbox_extra_ro: Sequence[Path | str] = (), effort_per_call: float | None = None) -> None:
+                 sandbox_extra_ro: Sequence[Path | str] = (), effort_per_call: float = EFFORT_PER_CALL) -> None:
         from rl.rollout.inference import start_inference
         from rl.rollout.worker import WorkerConfig, start_workers
 
